@@ -1,0 +1,236 @@
+"""The node agent: owns a node's devices, starts and stops workers, reports what happens.
+
+It keeps one WebSocket to the server. When the server goes away, workers keep running and
+events pile up in the outbox; on reconnect the agent says hello (with the jobs it still has),
+the server answers with the last sequence number it committed, and the rest is replayed.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+import websockets
+from pydantic import ValidationError
+from websockets.asyncio.client import ClientConnection, connect
+
+from singularity_sdk.protocol import (
+    API_PREFIX,
+    Ack,
+    AgentEvents,
+    AgentHeartbeat,
+    AgentHello,
+    CheckpointJob,
+    DeviceInfo,
+    EventType,
+    Shutdown,
+    StartJob,
+    StopJob,
+    Welcome,
+    server_message_adapter,
+)
+
+from .outbox import Outbox
+from .workers import JobRun
+
+log = logging.getLogger("singularity.agent")
+
+
+class Agent:
+    def __init__(self, server: str, token: str, name: str, devices: list[DeviceInfo], home: Path,
+                 checkpoint_root: Path, threads_per_slot: int = 1, orphan_timeout: Optional[float] = None):
+        self.url = server.rstrip("/").replace("http://", "ws://").replace("https://", "wss://") + API_PREFIX + "/agents/ws"
+        self.token = token
+        self.name = name
+        self.devices = devices
+        self.home = home
+        self.checkpoint_root = checkpoint_root
+        self.threads_per_slot = threads_per_slot
+        self.orphan_timeout = orphan_timeout
+        self.instance = uuid.uuid4().hex
+        self.outbox = Outbox()
+        self.runs: dict[str, JobRun] = {}
+        self.heartbeat_s = 1.0
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._ws: Optional[ClientConnection] = None
+        self._last_connected = time.time()
+
+    # ------------------------------------------------------------------ events out
+
+    def emit_for(self, run: JobRun):
+        def emit(type: EventType, data: dict[str, Any]) -> None:
+            self.outbox.add(run.spec.job_id, run.spec.attempt, type, data)
+            self._wake.set()
+        return emit
+
+    def known_jobs(self) -> list[tuple[str, int]]:
+        alive = {run.key for run in self.runs.values() if not run.done.is_set()}
+        return sorted(alive | self.outbox.jobs())
+
+    # ------------------------------------------------------------------ main loop
+
+    async def run(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        backoff = 0.1
+        stopper = asyncio.create_task(self._stop.wait())
+        while not self._stop.is_set():
+            try:
+                async with connect(self.url, additional_headers={"Authorization": f"Bearer {self.token}"},
+                                   max_size=64 * 1024 * 1024, open_timeout=5, ping_interval=10) as ws:
+                    backoff = 0.1
+                    await self._session(ws, stopper)
+            except (OSError, websockets.exceptions.WebSocketException, asyncio.TimeoutError) as exc:
+                if isinstance(exc, websockets.exceptions.InvalidStatus) and exc.response.status_code in (401, 403):
+                    log.error("the server refused this agent's token (%s); check --token", exc.response.status_code)
+                    break
+                log.info("server unreachable (%s); retrying in %.1fs", type(exc).__name__, backoff)
+            self._ws = None
+            if self.orphan_timeout is not None and time.time() - self._last_connected > self.orphan_timeout:
+                log.warning("no server for %.0fs: stopping workers and exiting", self.orphan_timeout)
+                break
+            try:
+                await asyncio.wait_for(asyncio.shield(stopper), backoff)
+            except asyncio.TimeoutError:
+                pass
+            backoff = min(backoff * 2, 2.0)
+        await self.shutdown()
+
+    async def _session(self, ws: ClientConnection, stopper: asyncio.Task) -> None:
+        hello = AgentHello(node=self.name, instance=self.instance, devices=self.devices,
+                           known_jobs=self.known_jobs())
+        await ws.send(hello.model_dump_json())
+        welcome = Welcome.model_validate_json(await ws.recv())
+        self.heartbeat_s = welcome.heartbeat_s
+        self.outbox.connected(welcome.acked_seq)
+        self._ws = ws
+        self._last_connected = time.time()
+        log.info("connected to %s as %s; replaying %d buffered events", self.url, self.name, len(self.outbox))
+        tasks = [asyncio.create_task(self._sender(ws)), asyncio.create_task(self._receiver(ws)),
+                 asyncio.create_task(self._heartbeats(ws))]
+        done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for t in done:
+            if t is not stopper and t.exception() is not None:
+                raise t.exception()
+
+    async def _sender(self, ws: ClientConnection) -> None:
+        self._wake.set()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while True:
+                batch = self.outbox.take_unsent()
+                if not batch:
+                    break
+                await ws.send(AgentEvents(events=batch).model_dump_json())
+
+    async def _heartbeats(self, ws: ClientConnection) -> None:
+        while True:
+            await ws.send(AgentHeartbeat(time=time.time(), running=self.known_jobs()).model_dump_json())
+            self._last_connected = time.time()
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def _receiver(self, ws: ClientConnection) -> None:
+        async for raw in ws:
+            try:
+                msg = server_message_adapter.validate_json(raw)
+            except ValidationError:
+                data = json.loads(raw) if raw else {}
+                log.warning("server says: %s", data.get("error", raw))
+                continue
+            if isinstance(msg, Ack):
+                self.outbox.ack(msg.agent_seq)
+            elif isinstance(msg, StartJob):
+                await self._start(msg)
+            elif isinstance(msg, StopJob):
+                asyncio.create_task(self._stop_job(msg))
+            elif isinstance(msg, CheckpointJob):
+                run = self.runs.get(msg.job_id)
+                if run and run.spec.attempt == msg.attempt:
+                    run.send_control({"op": "checkpoint", "then": msg.then, "reason": msg.reason})
+            elif isinstance(msg, Shutdown):
+                log.info("server asked us to stop: %s", msg.reason)
+                self._stop.set()
+
+    # ------------------------------------------------------------------ jobs
+
+    async def _start(self, spec: StartJob) -> None:
+        old = self.runs.get(spec.job_id)
+        if old is not None:
+            if old.spec.attempt == spec.attempt:
+                return  # a duplicate start: already running
+            await old.stop("superseded by a newer attempt", 1.0)
+        run_dir = self.home / "jobs" / f"{spec.job_id}-a{spec.attempt}"
+        run = JobRun(spec, run_dir, self.devices, self.threads_per_slot, self.checkpoint_root, emit=None)  # type: ignore[arg-type]
+        run.emit = self.emit_for(run)
+        self.runs[spec.job_id] = run
+        try:
+            await run.start()
+        except Exception as exc:  # cannot even spawn: report as a failed rank so the job ends
+            log.exception("could not start %s", spec.job_id)
+            for rs in spec.ranks:
+                run.emit(EventType.WORKER_EXITED, {"rank": rs.rank, "code": -1, "error": f"could not start the worker: {exc}"})
+            run.done.set()
+            return
+        asyncio.create_task(self._cleanup_when_done(run))
+
+    async def _cleanup_when_done(self, run: JobRun) -> None:
+        await run.done.wait()
+        if self.runs.get(run.spec.job_id) is run:
+            del self.runs[run.spec.job_id]
+        shutil.rmtree(run.run_dir, ignore_errors=True)
+
+    async def _stop_job(self, msg: StopJob) -> None:
+        run = self.runs.get(msg.job_id)
+        if run is None or run.spec.attempt != msg.attempt:
+            return
+        await run.stop(msg.reason, msg.grace_s)
+
+    async def shutdown(self) -> None:
+        runs = list(self.runs.values())
+        await asyncio.gather(*(r.stop("agent shutting down", 1.0) for r in runs), return_exceptions=True)
+        # Give the final exit events a moment to reach the server.
+        if self._ws is not None and len(self.outbox):
+            self._wake.set()
+            await asyncio.sleep(0.2)
+        log.info("agent %s stopped", self.name)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    import argparse
+
+    from singularity_sdk.config import default_home
+
+    from .devices import discover
+
+    p = argparse.ArgumentParser(prog="singularityctl agent", description="Run a node agent.")
+    p.add_argument("--server", required=True, help="server URL, e.g. http://127.0.0.1:8765")
+    p.add_argument("--token", required=True, help="the agent token (agent_token in the server's server.json)")
+    p.add_argument("--name", default=os.uname().nodename.split(".")[0])
+    p.add_argument("--devices", type=int, default=None, help="CPU slots to offer where there is no GPU (or a GPU limit)")
+    p.add_argument("--home", type=Path, default=None, help="work directory for this agent's jobs")
+    p.add_argument("--checkpoint-root", type=Path, default=None)
+    p.add_argument("--threads-per-slot", type=int, default=1)
+    p.add_argument("--orphan-timeout", type=float, default=None,
+                   help="exit (stopping workers) after this many seconds without a server")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("SINGULARITY_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
+    base = default_home()
+    home = args.home or base / "agents" / args.name
+    agent = Agent(args.server, args.token, args.name, discover(args.devices), home,
+                  args.checkpoint_root or base / "checkpoints", args.threads_per_slot, args.orphan_timeout)
+    asyncio.run(agent.run())

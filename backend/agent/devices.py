@@ -1,0 +1,56 @@
+"""Find the devices a node offers: GPUs through NVML, else a number of CPU slots.
+
+Without a GPU (or without the NVML library) the fallback is quiet: a machine with no GPU is
+normal for development and CI, not an error.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from singularity_sdk.protocol import DeviceInfo
+
+
+def discover_gpus() -> list[DeviceInfo]:
+    """GPUs visible through NVML, in NVML index order; empty when NVML is unavailable."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ... all mean "no GPU here"
+        return []
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
+            out.append(DeviceInfo(index=i, kind="cuda", name=_text(name), uuid=_text(uuid), memory_bytes=int(mem)))
+        return out
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def cpu_slots(count: int) -> list[DeviceInfo]:
+    return [DeviceInfo(index=i, kind="cpu", name=f"cpu-slot-{i}") for i in range(count)]
+
+
+def discover(devices: Optional[int] = None) -> list[DeviceInfo]:
+    """GPUs if any (limited to ``devices`` when given), otherwise ``devices`` CPU slots.
+
+    ``SINGULARITY_FORCE_CPU=1`` ignores GPUs, so a GPU machine can run the CPU-slot path.
+    """
+    gpus = [] if os.environ.get("SINGULARITY_FORCE_CPU") == "1" else discover_gpus()
+    if gpus:
+        return gpus[:devices] if devices else gpus
+    return cpu_slots(devices if devices else max(1, (os.cpu_count() or 1)))
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,216 @@
+"""Worker processes of one job attempt on one node: start, stream output, stop, report exit.
+
+Each rank is a fresh ``python -m backend.worker`` in its own process group (so DataLoader
+workers and other children die with it), with the devices and thread count it was given.
+Output is read line by line and handed to ``emit`` as it appears. A second pipe carries the
+worker's structured messages (progress, checkpoint results) without mixing them into the
+user's output; the worker's stdin carries the agent's requests (checkpoint now).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from singularity_sdk.protocol import DeviceInfo, EventType, StartJob
+
+Emit = Callable[[EventType, dict[str, Any]], None]
+
+#: A worker exits with this code after writing a checkpoint it was asked to stop at.
+EXIT_PREEMPTED = 75
+LINE_LIMIT = 1 << 20
+
+
+@dataclass
+class RankProcess:
+    rank: int
+    proc: asyncio.subprocess.Process
+    control_reader: asyncio.StreamReader
+    readers: list[asyncio.Task] = field(default_factory=list)
+
+
+class JobRun:
+    """The ranks of one (job, attempt) placed on this node."""
+
+    def __init__(self, spec: StartJob, run_dir: Path, devices: list[DeviceInfo], threads_per_slot: int,
+                 checkpoint_root: Path, emit: Emit):
+        self.spec = spec
+        self.run_dir = run_dir
+        self.devices = {d.index: d for d in devices}
+        self.threads_per_slot = threads_per_slot
+        self.checkpoint_root = checkpoint_root
+        self.emit = emit
+        self.ranks: dict[int, RankProcess] = {}
+        self.stopping: Optional[str] = None
+        self.done = asyncio.Event()
+        self._waiters: list[asyncio.Task] = []
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.spec.job_id, self.spec.attempt)
+
+    def _env(self, rank_spec) -> dict[str, str]:
+        spec = self.spec
+        devs = [self.devices[i] for i in rank_spec.devices]
+        gpus = [d for d in devs if d.kind == "cuda"]
+        env = dict(os.environ)
+        env.update(spec.env)
+        # A fixed thread count per slot: float results must not depend on the node's core count.
+        threads = str(self.threads_per_slot * max(1, len(devs)))
+        env.update({
+            "RANK": str(rank_spec.rank),
+            "WORLD_SIZE": str(spec.world_size),
+            "LOCAL_RANK": str(rank_spec.local_rank),
+            "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+            "MASTER_ADDR": spec.master_addr,
+            "MASTER_PORT": str(spec.master_port),
+            "CUDA_VISIBLE_DEVICES": ",".join(d.uuid or str(d.index) for d in gpus),
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            "SINGULARITY_THREADS": threads,
+            "SINGULARITY_JOB_ID": spec.job_id,
+            "SINGULARITY_ATTEMPT": str(spec.attempt),
+            "SINGULARITY_DEVICES": json.dumps([d.model_dump() for d in devs]),
+            "SINGULARITY_CHECKPOINT_DIR": str(self.checkpoint_root / spec.job_id),
+            "PYTHONUNBUFFERED": "1",
+        })
+        return env
+
+    async def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        spec_path = self.run_dir / "spec.json"
+        spec_path.write_text(self.spec.model_dump_json())
+        for rs in self.spec.ranks:
+            rank_dir = self.run_dir / f"rank-{rs.rank}"
+            rank_dir.mkdir(exist_ok=True)
+            r_fd, w_fd = os.pipe()
+            env = self._env(rs)
+            env["SINGULARITY_CONTROL_FD"] = str(w_fd)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "backend.worker", str(spec_path), str(rank_dir),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env=env, cwd=str(rank_dir), pass_fds=(w_fd,), start_new_session=True, limit=LINE_LIMIT,
+            )
+            os.close(w_fd)
+            control = asyncio.StreamReader(limit=LINE_LIMIT)
+            loop = asyncio.get_running_loop()
+            await loop.connect_read_pipe(lambda c=control: asyncio.StreamReaderProtocol(c), os.fdopen(r_fd, "rb"))
+            rp = RankProcess(rs.rank, proc, control)
+            rp.readers = [
+                asyncio.create_task(self._pump(rp, proc.stdout, "stdout")),
+                asyncio.create_task(self._pump(rp, proc.stderr, "stderr")),
+                asyncio.create_task(self._control(rp)),
+            ]
+            self.ranks[rs.rank] = rp
+        self.emit(EventType.STARTED, {
+            "ranks": sorted(self.ranks), "pids": {r: p.proc.pid for r, p in self.ranks.items()},
+            "devices": [d for rs in self.spec.ranks for d in rs.devices], "attempt": self.spec.attempt,
+        })
+        self._waiters = [asyncio.create_task(self._wait(rp)) for rp in self.ranks.values()]
+        asyncio.create_task(self._all_done())
+
+    async def _pump(self, rp: RankProcess, stream: asyncio.StreamReader, name: str) -> None:
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # a line longer than LINE_LIMIT: pass it on in pieces
+                line = await stream.read(LINE_LIMIT)
+            if not line:
+                return
+            self.emit(EventType.LOG, {"rank": rp.rank, "stream": name, "line": line.decode("utf-8", "replace")})
+
+    async def _control(self, rp: RankProcess) -> None:
+        """Structured messages from the worker: ``{"type": <event type>, "data": {...}}`` per line."""
+        while True:
+            line = await rp.control_reader.readline()
+            if not line:
+                return
+            try:
+                msg = json.loads(line)
+                etype = EventType(msg["type"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            self.emit(etype, {"rank": rp.rank, **msg.get("data", {})})
+
+    async def _wait(self, rp: RankProcess) -> None:
+        code = await rp.proc.wait()
+        await asyncio.gather(*rp.readers, return_exceptions=True)
+        rank_dir = self.run_dir / f"rank-{rp.rank}"
+        if rp.rank == 0 and code == 0:
+            self._emit_result(rank_dir)
+        error = None
+        err_file = rank_dir / "error.txt"
+        if err_file.exists():
+            error = err_file.read_text(errors="replace")
+        data: dict[str, Any] = {"rank": rp.rank, "code": code}
+        if code < 0:
+            data["signal"] = signal.Signals(-code).name if -code in signal.valid_signals() else -code
+        if self.stopping:
+            data["stopped"] = self.stopping
+        if error:
+            data["error"] = error
+        elif code != 0 and not self.stopping:
+            data["error"] = _exit_description(code)
+        self.emit(EventType.WORKER_EXITED, data)
+
+    def _emit_result(self, rank_dir: Path) -> None:
+        res = rank_dir / "result.pkl"
+        rep = rank_dir / "result.repr"
+        err = rank_dir / "result.error"
+        if not (res.exists() or err.exists()):
+            return
+        self.emit(EventType.RESULT, {
+            "pickle_b64": base64.b64encode(res.read_bytes()).decode() if res.exists() else None,
+            "repr": rep.read_text(errors="replace") if rep.exists() else "",
+            "error": err.read_text(errors="replace") if err.exists() else None,
+        })
+
+    async def _all_done(self) -> None:
+        await asyncio.gather(*self._waiters, return_exceptions=True)
+        self.done.set()
+
+    def send_control(self, message: dict[str, Any]) -> None:
+        """Write one request line to every rank's stdin (e.g. ``{"op": "checkpoint"}``)."""
+        payload = (json.dumps(message) + "\n").encode()
+        for rp in self.ranks.values():
+            if rp.proc.stdin is not None and rp.proc.returncode is None:
+                try:
+                    rp.proc.stdin.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+    async def stop(self, reason: str, grace_s: float) -> None:
+        """SIGTERM every rank's process group, SIGKILL what is left after ``grace_s``."""
+        self.stopping = self.stopping or reason
+        self._signal_all(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.done.wait(), grace_s)
+        except asyncio.TimeoutError:
+            self._signal_all(signal.SIGKILL)
+            await self.done.wait()
+
+    def _signal_all(self, sig: signal.Signals) -> None:
+        for rp in self.ranks.values():
+            if rp.proc.returncode is None:
+                try:
+                    os.killpg(rp.proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+
+def _exit_description(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        hint = " (out of memory?)" if name == "SIGKILL" else ""
+        return f"the worker was killed by {name}{hint}"
+    return f"the worker exited with code {code}"

@@ -1,0 +1,145 @@
+"""Gang placement on a map of free devices, shared by every policy so that all play by one rule.
+
+Locality rule (the same for the Singularity policy and every baseline, live and simulated):
+
+- a job on P devices with P <= D, the size of the largest node, runs on ONE node, because its
+  ranks exchange gradients every step and a node's interconnect is much faster than the network;
+- a larger job takes whole free nodes, largest first, until at most D devices remain, and puts
+  the remainder on one more node (best fit).
+
+Within those rules the choice is best fit: the node with the fewest free devices that still
+fits, which keeps large holes open for large jobs. Free devices are kept in buckets by count so
+that best fit costs O(D) per job and not O(nodes): a round over 1,000 nodes stays cheap.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+from .types import NodeView
+
+Placement = dict[str, tuple[int, ...]]
+
+
+def divisors(w: int) -> list[int]:
+    """Divisors of the logical world size, largest first: the device counts a job may run on."""
+    return [p for p in range(w, 0, -1) if w % p == 0]
+
+
+def fmt_placement(placement: Placement) -> str:
+    """Short human form used in reasons: ``node-1 [0, 1], node-2 [4]``."""
+    return ", ".join(f"{n} {list(d)}" for n, d in placement.items())
+
+
+class FreeDevices:
+    """Mutable index of the free devices of the schedulable nodes.
+
+    ``take``/``give`` keep per-node sorted free lists and buckets (free count -> nodes) in step.
+    The buckets are insertion-ordered dicts, so every choice is deterministic for a given
+    sequence of operations, which keeps simulations reproducible.
+    """
+
+    def __init__(self, nodes: Iterable[NodeView]):
+        self.size: dict[str, int] = {}
+        self.free: dict[str, list[int]] = {}
+        for n in nodes:
+            if not n.schedulable:
+                continue
+            self.size[n.name] = len(n.devices)
+            used = n.used
+            self.free[n.name] = sorted(d for d in n.devices if d not in used)
+        self.max_size = max(self.size.values(), default=0)
+        self.buckets: list[dict[str, None]] = [dict() for _ in range(self.max_size + 1)]
+        self.total = 0
+        for name, devs in self.free.items():
+            self.buckets[len(devs)][name] = None
+            self.total += len(devs)
+        self.capacity = sum(self.size.values())
+
+    def count(self, node: str) -> int:
+        devs = self.free.get(node)
+        return len(devs) if devs is not None else 0
+
+    def take(self, node: str, devs: Iterable[int]) -> None:
+        """Mark ``devs`` of ``node`` as used; every one of them must be free."""
+        cur = self.free[node]
+        remove = set(devs)
+        before = len(cur)
+        rest = [d for d in cur if d not in remove]
+        if before - len(rest) != len(remove):
+            raise ValueError(f"devices {sorted(remove)} of {node} are not all free")
+        self._move(node, before, rest)
+
+    def give(self, node: str, devs: Iterable[int]) -> None:
+        """Return ``devs`` of ``node`` to the free pool (ignored for unschedulable nodes)."""
+        cur = self.free.get(node)
+        if cur is None:
+            return
+        add = set(devs)
+        if add & set(cur):
+            raise ValueError(f"devices {sorted(add & set(cur))} of {node} are already free")
+        self._move(node, len(cur), sorted(cur + list(add)))
+
+    def _move(self, node: str, before: int, now: list[int]) -> None:
+        del self.buckets[before][node]
+        self.free[node] = now
+        self.buckets[len(now)][node] = None
+        self.total += len(now) - before
+
+    def best_fit(self, k: int, exclude: frozenset[str] | set[str] = frozenset()) -> Optional[str]:
+        """The node with the fewest free devices that still has ``k`` free, or None."""
+        for c in range(max(k, 0), self.max_size + 1):
+            for name in self.buckets[c]:
+                if name not in exclude:
+                    return name
+        return None
+
+    def fully_free(self) -> list[str]:
+        """Nodes with every device free, largest first."""
+        out = [n for c in range(self.max_size, 0, -1) for n in self.buckets[c] if c == self.size[n]]
+        return out
+
+    def pick(self, p: int, prefer: Iterable[str] = ()) -> Optional[Placement]:
+        """Devices for a gang of ``p`` under the locality rule, or None if it does not fit now.
+
+        ``prefer`` lists nodes to use first when they fit (a growing job keeps its node).
+        """
+        if p <= 0 or p > self.total:
+            return None
+        if p <= self.max_size:
+            for name in prefer:
+                if self.count(name) >= p:
+                    return {name: tuple(self.free[name][:p])}
+            node = self.best_fit(p)
+            return None if node is None else {node: tuple(self.free[node][:p])}
+        placement: Placement = {}
+        need = p
+        whole = self.fully_free()
+        for name in whole:
+            if need <= self.max_size:
+                break
+            placement[name] = tuple(self.free[name])
+            need -= len(placement[name])
+        if need > self.max_size:
+            return None
+        last = self.best_fit(need, exclude=set(placement))
+        if last is None:
+            return None
+        placement[last] = tuple(self.free[last][:need])
+        return placement
+
+    def take_placement(self, placement: Placement) -> None:
+        for node, devs in placement.items():
+            self.take(node, devs)
+
+    def give_placement(self, placement: Placement) -> None:
+        for node, devs in placement.items():
+            self.give(node, devs)
+
+
+def fits_locality(placement: Placement, max_size: int, sizes: dict[str, int]) -> bool:
+    """True if ``placement`` obeys the locality rule (used by the simulator to check policies)."""
+    p = sum(len(d) for d in placement.values())
+    if p <= max_size:
+        return len(placement) == 1
+    partial = [n for n, d in placement.items() if len(d) < sizes.get(n, 0)]
+    return len(partial) <= 1

@@ -1,0 +1,86 @@
+"""The scheduler's view of the world: an immutable snapshot in, a list of actions out.
+
+Policies are pure functions over these types, so the same code runs inside the server and in
+the trace simulator, and can be unit-tested without processes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from singularity_sdk.protocol import SLA, JobState
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    devices: tuple[int, ...]
+    #: device index -> id of the job holding it
+    used: dict[int, str] = field(default_factory=dict)
+    schedulable: bool = True  # False while draining, lost or down
+
+    @property
+    def free(self) -> tuple[int, ...]:
+        return tuple(d for d in self.devices if d not in self.used)
+
+
+@dataclass(frozen=True)
+class JobView:
+    id: str
+    user: str
+    sla: SLA
+    state: JobState
+    gpus: int  # logical world size W
+    submitted_at: float
+    #: node -> device indices currently held (empty when not placed)
+    placement: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    last_checkpoint_at: Optional[float] = None
+    last_moved_at: Optional[float] = None
+
+    @property
+    def placed_devices(self) -> int:
+        return sum(len(d) for d in self.placement.values())
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float
+    nodes: tuple[NodeView, ...]
+    jobs: tuple[JobView, ...]
+
+    def queued(self) -> list[JobView]:
+        """Jobs waiting for devices, oldest first."""
+        waiting = [j for j in self.jobs if j.state == JobState.QUEUED]
+        return sorted(waiting, key=lambda j: (j.submitted_at, j.id))
+
+
+@dataclass(frozen=True)
+class Place:
+    """Start (or resume) ``job_id`` on these devices; all ranks at once (gang)."""
+
+    job_id: str
+    placement: dict[str, tuple[int, ...]]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Preempt:
+    job_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Migrate:
+    job_id: str
+    placement: dict[str, tuple[int, ...]]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Resize:
+    job_id: str
+    placement: dict[str, tuple[int, ...]]
+    reason: str = ""
+
+
+Action = Union[Place, Preempt, Migrate, Resize]

@@ -1,0 +1,373 @@
+"""HTTP + WebSocket layer: tornado handlers that translate the protocol into Service calls.
+
+The routes are built relative to a prefix so the same handlers can be mounted inside a
+Jupyter server (under ``/singularity``) or served standalone.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from typing import Any, Optional
+
+import tornado.web
+import tornado.websocket
+from pydantic import BaseModel, ValidationError
+
+from singularity_sdk.protocol import (
+    API_PREFIX,
+    MAX_CODE_BYTES,
+    PROTOCOL_VERSION,
+    Ack,
+    AgentEvents,
+    AgentHeartbeat,
+    AgentHello,
+    CreateUserRequest,
+    Event,
+    JobAction,
+    ResultPayload,
+    SubmitRequest,
+    agent_message_adapter,
+    describe_validation_error,
+)
+
+from .service import Service, ServiceError
+
+log = logging.getLogger("singularity.server")
+
+#: Request bodies are read up to this size so that an oversize job gets a clear 413 from us
+#: rather than a dropped connection from tornado.
+MAX_BODY_BYTES = 4 * MAX_CODE_BYTES
+
+
+def _token_from(handler: tornado.web.RequestHandler) -> Optional[str]:
+    auth = handler.request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return handler.get_query_argument("token", None)
+
+
+def _dump(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json")
+
+
+class ApiHandler(tornado.web.RequestHandler):
+    """JSON in, JSON out, token checked before anything else, errors as ``{error, field}``."""
+
+    service: Service
+    user: str
+    role: str
+
+    def initialize(self, service: Service) -> None:
+        self.service = service
+
+    def check_xsrf_cookie(self) -> None:  # token auth, no cookies
+        return None
+
+    def prepare(self) -> None:
+        try:
+            self.user, self.role = self.service.authenticate(_token_from(self))
+        except ServiceError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: ServiceError) -> None:
+        self.set_status(exc.status)
+        self.finish({"error": exc.message, "field": exc.field})
+
+    def parse(self, model: type[BaseModel]) -> Any:
+        body = self.request.body or b"{}"
+        try:
+            raw = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ServiceError(400, f"the request body is not valid JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ServiceError(400, f"the request body must be a JSON object, not {type(raw).__name__}")
+        try:
+            return model.model_validate(raw)
+        except ValidationError as exc:
+            msg, field = describe_validation_error(exc)
+            raise ServiceError(422, msg, field) from None
+
+    def send(self, payload: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        if isinstance(payload, BaseModel):
+            payload = _dump(payload)
+        elif isinstance(payload, list):
+            payload = [_dump(p) if isinstance(p, BaseModel) else p for p in payload]
+        self.finish(json.dumps(payload))
+
+    def _handle(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except ServiceError as exc:
+            self._fail(exc)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        reason = self._reason
+        if "exc_info" in kwargs and status_code >= 500:
+            reason = f"internal error: {kwargs['exc_info'][1]!r}"
+        self.finish({"error": reason, "field": None})
+
+
+class HealthHandler(ApiHandler):
+    def get(self) -> None:
+        self.send({"ok": True, "protocol": PROTOCOL_VERSION, "user": self.user,
+                   "nodes": len(self.service.links)})
+
+
+class JobsHandler(ApiHandler):
+    def get(self) -> None:
+        states = self.get_query_arguments("state")
+        self._handle(lambda: self.send(self.service.jobs(self.user, states or None)))
+
+    def post(self) -> None:
+        if len(self.request.body) > MAX_BODY_BYTES:
+            return self._fail(ServiceError(
+                413, f"request of {len(self.request.body) / 1e6:.1f} MB; the job's code may be at most "
+                     f"{MAX_CODE_BYTES / 1e6:.1f} MB. Put data in files the job reads.", "source"))
+        self._handle(lambda: self.send(self.service.submit(self.user, self.parse(SubmitRequest)), 201))
+
+
+class JobHandler(ApiHandler):
+    def get(self, job_id: str) -> None:
+        self._handle(lambda: self.send(self.service.job(self.user, job_id)))
+
+
+class JobActionHandler(ApiHandler):
+    def post(self, job_id: str, action: str) -> None:
+        def run() -> None:
+            body = self.parse(JobAction)
+            if action == "cancel":
+                self.send(self.service.cancel(self.user, job_id, body.reason or ""))
+            else:
+                raise ServiceError(404, f"unknown action '{action}'; valid: cancel", "action")
+        self._handle(run)
+
+
+class EventsHandler(ApiHandler):
+    def get(self, job_id: str) -> None:
+        def run() -> None:
+            since = _int_arg(self, "since", 0)
+            self.send(self.service.events(self.user, job_id, since))
+        self._handle(run)
+
+
+class LogsHandler(ApiHandler):
+    def get(self, job_id: str) -> None:
+        def run() -> None:
+            text = self.service.logs(self.user, job_id)
+            self.set_header("Content-Type", "text/plain; charset=utf-8")
+            self.finish(text)
+        self._handle(run)
+
+
+class ResultHandler(ApiHandler):
+    def get(self, job_id: str) -> None:
+        def run() -> None:
+            raw, rep, err = self.service.result(self.user, job_id)
+            self.send(ResultPayload(job_id=job_id, pickle_b64=base64.b64encode(raw).decode() if raw else None,
+                                    repr=rep, error=err))
+        self._handle(run)
+
+
+class NodesHandler(ApiHandler):
+    def get(self) -> None:
+        self.send(self.service.nodes())
+
+
+class UsersHandler(ApiHandler):
+    def post(self) -> None:
+        def run() -> None:
+            req = self.parse(CreateUserRequest)
+            self.send({"user": req.user, "token": self.service.create_user(self.role, req.user)}, 201)
+        self._handle(run)
+
+
+def _int_arg(handler: tornado.web.RequestHandler, name: str, default: int) -> int:
+    raw = handler.get_query_argument(name, None)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ServiceError(422, f"query parameter '{name}' must be an integer, not {raw!r}", name) from None
+    if value < 0:
+        raise ServiceError(422, f"query parameter '{name}' must be >= 0", name)
+    return value
+
+
+class AuthedSocket(tornado.websocket.WebSocketHandler):
+    """WebSocket with the same token check as the REST handlers (done before the upgrade)."""
+
+    service: Service
+    user: str
+    role: str
+
+    def initialize(self, service: Service) -> None:
+        self.service = service
+
+    def check_origin(self, origin: str) -> bool:
+        return True  # every socket needs a token; origin adds nothing
+
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            self.user, self.role = self.service.authenticate(_token_from(self))
+            self.authorize(*args)
+        except ServiceError as exc:
+            self.set_status(exc.status)
+            self.finish({"error": exc.message, "field": exc.field})
+            return
+        await super().get(*args, **kwargs)
+
+    def authorize(self, *args: Any) -> None:
+        """Raise ServiceError before the upgrade when the caller may not open this socket."""
+
+    def send_json(self, payload: Any) -> None:
+        if self.ws_connection is None or self.ws_connection.is_closing():
+            return
+        self.write_message(json.dumps(payload))
+
+
+class JobEventsSocket(AuthedSocket):
+    """A job's events from ``since``, then live. No gap: the backlog is read and the
+    subscription made in the same event-loop turn, so nothing can commit in between."""
+
+    unsubscribe = None
+
+    def authorize(self, job_id: str) -> None:
+        self.service.job(self.user, job_id)
+        self.since = _int_arg(self, "since", 0)
+
+    def open(self, job_id: str) -> None:
+        last = self.since
+        for ev in self.service.store.events(job_id, self.since):
+            self.send_json(_dump(ev))
+            last = ev.seq
+        self.last = last
+
+        def push(ev: Event) -> None:
+            if ev.seq > self.last:
+                self.last = ev.seq
+                self.send_json(_dump(ev))
+
+        self.unsubscribe = self.service.hub.subscribe_job(job_id, push)
+
+    def on_message(self, message: Any) -> None:
+        pass  # the stream is one-way; pings are handled by the protocol layer
+
+    def on_close(self) -> None:
+        if self.unsubscribe:
+            self.unsubscribe()
+
+
+class UserEventsSocket(AuthedSocket):
+    """Live events of all of the caller's jobs (the widget's and ``jobs -f``'s feed)."""
+
+    unsubscribe = None
+
+    def open(self) -> None:
+        self.unsubscribe = self.service.hub.subscribe_user(self.user, lambda ev: self.send_json(_dump(ev)))
+
+    def on_message(self, message: Any) -> None:
+        pass
+
+    def on_close(self) -> None:
+        if self.unsubscribe:
+            self.unsubscribe()
+
+
+class AgentSocket(AuthedSocket):
+    """The node agents' channel: hello, batched events (acked after commit), heartbeats."""
+
+    node: Optional[str] = None
+
+    def authorize(self) -> None:
+        if self.role != "agent":
+            raise ServiceError(403, "this socket is for node agents; use the agent token from server.json")
+
+    def send(self, message: BaseModel) -> None:  # AgentLink
+        self.send_json(_dump(message))
+
+    def on_message(self, message: Any) -> None:
+        try:
+            msg = agent_message_adapter.validate_json(message)
+        except ValidationError as exc:
+            text, _ = describe_validation_error(exc)
+            log.warning("bad message from agent %s: %s", self.node, text)
+            self.send_json({"type": "error", "error": text})
+            return
+        if isinstance(msg, AgentHello):
+            if msg.protocol != PROTOCOL_VERSION:
+                self.send_json({"type": "error", "error": f"protocol {msg.protocol} not supported; "
+                                                          f"this server speaks {PROTOCOL_VERSION}"})
+                self.close()
+                return
+            self.node = msg.node
+            welcome = self.service.agent_hello(self, msg)
+            self.send(welcome)
+        elif self.node is None:
+            self.send_json({"type": "error", "error": "send 'hello' first"})
+        elif isinstance(msg, AgentEvents):
+            acked = self.service.agent_events(self.node, msg.events)
+            self.send(Ack(agent_seq=acked))
+        elif isinstance(msg, AgentHeartbeat):
+            self.service.agent_heartbeat(self.node, msg)
+
+    def on_close(self) -> None:
+        if self.node is not None:
+            self.service.agent_disconnected(self)
+
+
+def routes(service: Service, prefix: str = "") -> list[tuple[str, type, dict]]:
+    p = prefix.rstrip("/") + API_PREFIX
+    kw = {"service": service}
+    return [
+        (rf"{p}/health", HealthHandler, kw),
+        (rf"{p}/jobs", JobsHandler, kw),
+        (rf"{p}/jobs/([\w-]+)", JobHandler, kw),
+        (rf"{p}/jobs/([\w-]+)/events", EventsHandler, kw),
+        (rf"{p}/jobs/([\w-]+)/events/ws", JobEventsSocket, kw),
+        (rf"{p}/jobs/([\w-]+)/logs", LogsHandler, kw),
+        (rf"{p}/jobs/([\w-]+)/result", ResultHandler, kw),
+        (rf"{p}/jobs/([\w-]+)/(\w+)", JobActionHandler, kw),
+        (rf"{p}/events/ws", UserEventsSocket, kw),
+        (rf"{p}/nodes", NodesHandler, kw),
+        (rf"{p}/users", UsersHandler, kw),
+        (rf"{p}/agents/ws", AgentSocket, kw),
+    ]
+
+
+class NotFound(tornado.web.RequestHandler):
+    def prepare(self) -> None:
+        self.set_status(404)
+        self.finish({"error": f"no such endpoint: {self.request.method} {self.request.path}; "
+                              f"the API lives under {API_PREFIX}/", "field": None})
+
+
+def make_app(service: Service) -> tornado.web.Application:
+    return tornado.web.Application(routes(service), default_handler_class=NotFound,
+                                   websocket_max_message_size=64 * 1024 * 1024)
+
+
+def install_schedule_coalescing(service: Service) -> None:
+    """Many triggers in one event-loop turn -> one scheduling round."""
+    loop = asyncio.get_running_loop()
+    pending = False
+
+    def run() -> None:
+        nonlocal pending
+        pending = False
+        try:
+            service.schedule_now()
+        except Exception:
+            log.exception("scheduling round failed")
+
+    def hook() -> None:
+        nonlocal pending
+        if not pending:
+            pending = True
+            loop.call_soon(run)
+
+    service.set_schedule_hook(hook)

@@ -1,0 +1,43 @@
+"""In-process fan-out of committed events to WebSocket subscribers.
+
+Events are published only after their transaction commits, so a subscriber never sees an
+event that a crash could take back. Subscribers are plain callables; the WebSocket layer
+decides how to write.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable
+
+from singularity_sdk.protocol import Event
+
+Subscriber = Callable[[Event], None]
+
+
+class Hub:
+    def __init__(self) -> None:
+        self._by_job: dict[str, set[Subscriber]] = defaultdict(set)
+        self._by_user: dict[str, set[Subscriber]] = defaultdict(set)
+
+    def subscribe_job(self, job_id: str, fn: Subscriber) -> Callable[[], None]:
+        self._by_job[job_id].add(fn)
+        return lambda: self._discard(self._by_job, job_id, fn)
+
+    def subscribe_user(self, user: str, fn: Subscriber) -> Callable[[], None]:
+        self._by_user[user].add(fn)
+        return lambda: self._discard(self._by_user, user, fn)
+
+    def publish(self, user: str, events: list[Event]) -> None:
+        for ev in events:
+            for fn in list(self._by_job.get(ev.job_id, ())):
+                fn(ev)
+            for fn in list(self._by_user.get(user, ())):
+                fn(ev)
+
+    @staticmethod
+    def _discard(table: dict[str, set[Subscriber]], key: str, fn: Subscriber) -> None:
+        subs = table.get(key)
+        if subs is not None:
+            subs.discard(fn)
+            if not subs:
+                table.pop(key, None)

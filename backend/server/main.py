@@ -1,0 +1,172 @@
+"""``singularityctl serve``: run the server, and optionally K local node agents beside it.
+
+Local agents are separate processes in their own session, so a crash (``kill -9``) of the
+server leaves them and their workers running; a restart on the same home finds them through
+their pid files instead of starting duplicates.
+"""
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import tornado.httpserver
+import tornado.netutil
+
+from singularity_sdk.config import default_home
+from singularity_sdk.protocol import Shutdown
+
+from .app import MAX_BODY_BYTES, install_schedule_coalescing, make_app
+from .service import Service, ServiceConfig
+from .store import Store
+
+log = logging.getLogger("singularity.server")
+
+
+def write_private_json(path: Path, payload: dict) -> None:
+    """Write ``payload`` readable by the owner only, atomically (readers never see half a file)."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(payload, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def _alive_agent(pid_file: Path) -> Optional[int]:
+    try:
+        pid = int(pid_file.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if b"agent" in cmdline else None
+
+
+def start_local_agents(home: Path, url: str, agent_token: str, nodes: int, devices: Optional[int]) -> list[int]:
+    """Start (or adopt, after a restart) one agent process per local node."""
+    agents_dir = home / "agents"
+    agents_dir.mkdir(parents=True, exist_ok=True)
+    pids = []
+    for i in range(1, nodes + 1):
+        name = f"node-{i}"
+        pid_file = agents_dir / f"{name}.pid"
+        pid = _alive_agent(pid_file)
+        if pid is None:
+            cmd = [sys.executable, "-m", "backend.agent", "--server", url, "--token", agent_token, "--name", name,
+                   "--home", str(agents_dir / name), "--checkpoint-root", str(home / "checkpoints"),
+                   "--orphan-timeout", "60"]
+            if devices is not None:
+                cmd += ["--devices", str(devices)]
+            logf = open(home / "logs" / f"agent-{name}.log", "ab")
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            logf.close()
+            pid = proc.pid
+            pid_file.write_text(str(pid))
+        pids.append(pid)
+    return pids
+
+
+def stop_local_agents(home: Path, pids: list[int], timeout: float = 10.0) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + timeout
+    for pid in pids:
+        while time.time() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            try:  # reap if it is our child
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.05)
+        else:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for f in (home / "agents").glob("*.pid"):
+        f.unlink(missing_ok=True)
+
+
+async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int = 0,
+                devices_per_node: Optional[int] = None, config: ServiceConfig = ServiceConfig()) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "logs").mkdir(exist_ok=True)
+    (home / "checkpoints").mkdir(exist_ok=True)
+    store = Store(home / "state.db")
+    user = os.environ.get("SINGULARITY_USER") or _login_name()
+    token = store.ensure_user(user, "admin")
+    agent_token = store.ensure_user("agents", "agent")
+    service = Service(store, config)
+    install_schedule_coalescing(service)
+    server = tornado.httpserver.HTTPServer(make_app(service), max_body_size=MAX_BODY_BYTES,
+                                           max_buffer_size=MAX_BODY_BYTES)
+    sockets = tornado.netutil.bind_sockets(port, host)
+    server.add_sockets(sockets)
+    real_port = sockets[0].getsockname()[1]
+    url = f"http://{host}:{real_port}"
+    write_private_json(home / "server.json", {
+        "url": url, "token": token, "user": user, "agent_token": agent_token, "pid": os.getpid(),
+    })
+    log.info("serving on %s (home %s)", url, home)
+    agent_pids = start_local_agents(home, url, agent_token, nodes, devices_per_node) if nodes else []
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def watch_nodes() -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            try:
+                service.check_nodes()
+            except Exception:
+                log.exception("node check failed")
+
+    watcher = asyncio.create_task(watch_nodes())
+    service.schedule_now()
+    await stop.wait()
+    log.info("shutting down")
+    watcher.cancel()
+    for link in list(service.links.values()):
+        try:
+            link.send(Shutdown(reason="server stopping"))
+        except Exception:
+            pass
+    server.stop()
+    await asyncio.sleep(0.1)
+    if agent_pids:
+        await asyncio.to_thread(stop_local_agents, home, agent_pids)
+    (home / "server.json").unlink(missing_ok=True)
+    store.close()
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "default"
+
+
+def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node: Optional[int]) -> None:
+    home = Path(home) if home else default_home()
+    logging.basicConfig(level=os.environ.get("SINGULARITY_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve(home, host, port, nodes, devices_per_node))

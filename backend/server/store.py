@@ -1,0 +1,285 @@
+"""SQLite persistence: users, jobs, nodes and the append-only event log.
+
+Everything the server knows lives here, so a restart (or a ``kill -9``) loses nothing: the
+event log's per-job sequence numbers and each agent's acknowledged sequence number are
+committed in the same transaction as the events themselves, which is what makes agent replay
+idempotent.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from singularity_sdk.protocol import (
+    SLA,
+    DeviceInfo,
+    Event,
+    EventType,
+    JobInfo,
+    JobState,
+    NodeInfo,
+    NodeState,
+    Placement,
+)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS users (
+    name TEXT PRIMARY KEY,
+    token TEXT UNIQUE NOT NULL,
+    role TEXT NOT NULL,            -- admin | user | agent
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    user TEXT NOT NULL,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    sla TEXT NOT NULL,
+    gpus INTEGER NOT NULL,
+    ranks INTEGER NOT NULL,
+    source TEXT,
+    callable_b64 TEXT,
+    filename TEXT NOT NULL,
+    env_json TEXT NOT NULL DEFAULT '{}',
+    checkpoint_every REAL,
+    placement_json TEXT NOT NULL DEFAULT '[]',
+    attempt INTEGER NOT NULL DEFAULT 0,
+    retries INTEGER NOT NULL DEFAULT 0,
+    exited_json TEXT NOT NULL DEFAULT '{}',
+    stop_reason TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    started_at REAL,
+    ended_at REAL,
+    error TEXT,
+    result_pickle BLOB,
+    result_repr TEXT,
+    result_error TEXT,
+    last_seq INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_user ON jobs(user, created_at);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS events (
+    job_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    time REAL NOT NULL,
+    data_json TEXT NOT NULL,
+    PRIMARY KEY (job_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS nodes (
+    name TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    devices_json TEXT NOT NULL,
+    instance TEXT NOT NULL,
+    acked_seq INTEGER NOT NULL DEFAULT 0,
+    heartbeat_at REAL
+);
+"""
+
+JOB_COLUMNS_FOR_INFO = (
+    "id, user, name, state, sla, gpus, ranks, placement_json, attempt, created_at, updated_at, "
+    "started_at, ended_at, error, result_pickle IS NOT NULL OR result_error IS NOT NULL, last_seq, "
+    "checkpoint_every, filename"
+)
+
+
+class Store:
+    """A thin, synchronous layer over one SQLite file (WAL mode).
+
+    The server calls it from its single event-loop thread; each call is a short local
+    transaction, which keeps the code simple and the latency low.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # durable against process crashes
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        else:
+            self.db.execute("COMMIT")
+
+    # ------------------------------------------------------------------ users / tokens
+
+    def ensure_user(self, name: str, role: str) -> str:
+        """Return the token of ``name``, creating the user if needed (tokens survive restarts)."""
+        row = self.db.execute("SELECT token FROM users WHERE name=?", (name,)).fetchone()
+        if row:
+            return row[0]
+        token = secrets.token_urlsafe(32)
+        self.db.execute(
+            "INSERT INTO users(name, token, role, created_at) VALUES (?,?,?,?)",
+            (name, token, role, time.time()),
+        )
+        return token
+
+    def user_for_token(self, token: str) -> Optional[tuple[str, str]]:
+        row = self.db.execute("SELECT name, role FROM users WHERE token=?", (token,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def user_exists(self, name: str) -> bool:
+        return self.db.execute("SELECT 1 FROM users WHERE name=?", (name,)).fetchone() is not None
+
+    # ------------------------------------------------------------------ jobs
+
+    def insert_job(self, row: dict[str, Any]) -> None:
+        cols = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        self.db.execute(f"INSERT INTO jobs({cols}) VALUES ({marks})", tuple(row.values()))
+
+    def update_job(self, job_id: str, **fields: Any) -> None:
+        fields["updated_at"] = time.time()
+        sets = ", ".join(f"{k}=?" for k in fields)
+        self.db.execute(f"UPDATE jobs SET {sets} WHERE id=?", (*fields.values(), job_id))
+
+    def job_row(self, job_id: str) -> Optional[sqlite3.Row]:
+        cur = self.db.execute("SELECT * FROM jobs WHERE id=?", (job_id,))
+        cur.row_factory = sqlite3.Row
+        return cur.fetchone()
+
+    def job_info(self, job_id: str) -> Optional[JobInfo]:
+        row = self.db.execute(f"SELECT {JOB_COLUMNS_FOR_INFO} FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return _job_info(row) if row else None
+
+    def list_jobs(self, user: Optional[str] = None, states: Optional[list[str]] = None, limit: int = 1000) -> list[JobInfo]:
+        where, args = [], []
+        if user is not None:
+            where.append("user=?")
+            args.append(user)
+        if states:
+            where.append(f"state IN ({','.join('?' for _ in states)})")
+            args.extend(states)
+        clause = ("WHERE " + " AND ".join(where)) if where else ""
+        rows = self.db.execute(
+            f"SELECT {JOB_COLUMNS_FOR_INFO} FROM jobs {clause} ORDER BY created_at, id LIMIT ?",
+            (*args, limit),
+        ).fetchall()
+        return [_job_info(r) for r in rows]
+
+    def active_job_rows(self) -> list[sqlite3.Row]:
+        """Jobs that are not terminal (queued, running, or on their way somewhere)."""
+        cur = self.db.execute(
+            "SELECT * FROM jobs WHERE state NOT IN ('succeeded','failed','cancelled') ORDER BY created_at, id"
+        )
+        cur.row_factory = sqlite3.Row
+        return cur.fetchall()
+
+    # ------------------------------------------------------------------ events
+
+    def append_event(self, job_id: str, type: EventType, data: dict[str, Any], when: Optional[float] = None) -> Event:
+        """Append one event; caller holds a transaction (``tx``) when atomicity matters."""
+        when = time.time() if when is None else when
+        seq = self.db.execute("SELECT last_seq FROM jobs WHERE id=?", (job_id,)).fetchone()[0] + 1
+        self.db.execute(
+            "INSERT INTO events(job_id, seq, type, time, data_json) VALUES (?,?,?,?,?)",
+            (job_id, seq, type.value, when, json.dumps(data, default=str)),
+        )
+        self.db.execute("UPDATE jobs SET last_seq=? WHERE id=?", (seq, job_id))
+        return Event(job_id=job_id, seq=seq, type=type, time=when, data=data)
+
+    def events(self, job_id: str, since: int = 0, limit: int = 100_000) -> list[Event]:
+        rows = self.db.execute(
+            "SELECT seq, type, time, data_json FROM events WHERE job_id=? AND seq>? ORDER BY seq LIMIT ?",
+            (job_id, since, limit),
+        ).fetchall()
+        return [Event(job_id=job_id, seq=s, type=EventType(t), time=tm, data=json.loads(d)) for s, t, tm, d in rows]
+
+    def log_lines(self, job_id: str) -> list[tuple[int, str, str]]:
+        rows = self.db.execute(
+            "SELECT data_json FROM events WHERE job_id=? AND type='log' ORDER BY seq", (job_id,)
+        ).fetchall()
+        out = []
+        for (d,) in rows:
+            data = json.loads(d)
+            out.append((int(data.get("rank", 0)), data.get("stream", "stdout"), data.get("line", "")))
+        return out
+
+    # ------------------------------------------------------------------ nodes
+
+    def upsert_node(self, name: str, devices: list[DeviceInfo], instance: str) -> int:
+        """Register an agent; returns the sequence number already applied for this instance."""
+        row = self.db.execute("SELECT instance, acked_seq FROM nodes WHERE name=?", (name,)).fetchone()
+        devices_json = json.dumps([d.model_dump() for d in devices])
+        now = time.time()
+        if row is None:
+            self.db.execute(
+                "INSERT INTO nodes(name, state, devices_json, instance, acked_seq, heartbeat_at) VALUES (?,?,?,?,0,?)",
+                (name, NodeState.READY.value, devices_json, instance, now),
+            )
+            return 0
+        acked = row[1] if row[0] == instance else 0
+        state = self.node_state(name)
+        new_state = NodeState.DRAINING if state == NodeState.DRAINING else NodeState.READY
+        self.db.execute(
+            "UPDATE nodes SET state=?, devices_json=?, instance=?, acked_seq=?, heartbeat_at=? WHERE name=?",
+            (new_state.value, devices_json, instance, acked, now, name),
+        )
+        return acked
+
+    def node_state(self, name: str) -> Optional[NodeState]:
+        row = self.db.execute("SELECT state FROM nodes WHERE name=?", (name,)).fetchone()
+        return NodeState(row[0]) if row else None
+
+    def set_node(self, name: str, **fields: Any) -> None:
+        sets = ", ".join(f"{k}=?" for k in fields)
+        self.db.execute(f"UPDATE nodes SET {sets} WHERE name=?", (*fields.values(), name))
+
+    def node_acked(self, name: str) -> int:
+        row = self.db.execute("SELECT acked_seq FROM nodes WHERE name=?", (name,)).fetchone()
+        return row[0] if row else 0
+
+    def nodes(self) -> list[NodeInfo]:
+        rows = self.db.execute("SELECT name, state, devices_json, heartbeat_at FROM nodes ORDER BY name").fetchall()
+        return [
+            NodeInfo(
+                name=n,
+                state=NodeState(s),
+                devices=[DeviceInfo(**d) for d in json.loads(dj)],
+                heartbeat_at=hb,
+            )
+            for n, s, dj, hb in rows
+        ]
+
+
+def _job_info(row: tuple) -> JobInfo:
+    (id_, user, name, state, sla, gpus, ranks, placement_json, attempt, created, updated, started, ended,
+     error, has_result, last_seq, ckpt_every, filename) = row
+    return JobInfo(
+        id=id_,
+        name=name,
+        user=user,
+        state=JobState(state),
+        sla=SLA(sla),
+        gpus=gpus,
+        ranks=ranks,
+        placement=[Placement(**p) for p in json.loads(placement_json)],
+        attempt=attempt,
+        created_at=created,
+        updated_at=updated,
+        started_at=started,
+        ended_at=ended,
+        error=error,
+        has_result=bool(has_result),
+        last_seq=last_seq,
+        checkpoint_every=ckpt_every,
+        filename=filename,
+    )

@@ -1,0 +1,138 @@
+"""What ``Client`` and ``AsyncClient`` share: building requests and reading responses.
+
+Only the transport differs between the two (httpx.Client vs httpx.AsyncClient, websockets'
+sync vs asyncio client), the way httpx itself is built.
+"""
+from __future__ import annotations
+
+import base64
+import inspect
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import httpx
+
+from .config import resolve
+from .errors import APIError, AuthError, Conflict, InvalidRequest, JobCancelled, JobFailed, JobNotFound, ServerUnreachable
+from .protocol import API_PREFIX, SLA, EventType, JobInfo, JobState, SubmitRequest
+
+TERMINAL_EVENTS = {EventType.SUCCEEDED, EventType.FAILED, EventType.CANCELLED}
+Code = Union[str, Path, Callable[..., Any]]
+
+
+class BaseClient:
+    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, home: Optional[Path] = None,
+                 timeout: float = 30.0):
+        conn = resolve(url, token, home)
+        self.url = conn.url
+        self.token = conn.token
+        self.timeout = timeout
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def api(self, path: str) -> str:
+        return f"{self.url}{API_PREFIX}{path}"
+
+    def ws_url(self, path: str) -> str:
+        return self.api(path).replace("http://", "ws://", 1).replace("https://", "wss://", 1)
+
+    def unreachable(self, exc: Exception) -> ServerUnreachable:
+        return ServerUnreachable(
+            f"cannot reach the Singularity server at {self.url} ({type(exc).__name__}: {exc}). "
+            "Is it running? Start one with 'singularityctl serve --nodes 2 --devices-per-node 2', "
+            "or point SINGULARITY_URL at a running server."
+        )
+
+    @staticmethod
+    def check(response: httpx.Response) -> Any:
+        if response.status_code < 400:
+            if response.headers.get("content-type", "").startswith("application/json"):
+                return response.json()
+            return response.text
+        try:
+            body = response.json()
+            message, field = body.get("error", response.text), body.get("field")
+        except ValueError:
+            message, field = response.text or response.reason_phrase, None
+        cls = {401: AuthError, 403: AuthError, 404: JobNotFound, 409: Conflict}.get(response.status_code)
+        if cls is None:
+            cls = InvalidRequest if response.status_code < 500 else APIError
+        raise cls(response.status_code, message, field)
+
+    @staticmethod
+    def submit_body(code: Code, args: tuple, kwargs: Optional[dict], *, gpus: int, sla: Union[str, SLA],
+                    name: Optional[str], ranks: Optional[int], checkpoint_every: Optional[float],
+                    env: Optional[dict[str, str]], filename: Optional[str]) -> dict[str, Any]:
+        """Build a validated submit request from a source string, a script path or a callable."""
+        fields: dict[str, Any] = dict(gpus=gpus, sla=sla, name=name, ranks=ranks,
+                                      checkpoint_every=checkpoint_every, env=env or {})
+        if isinstance(code, Path):
+            fields.update(source=code.read_text(), filename=filename or code.name, name=name or code.stem)
+        elif isinstance(code, str):
+            fields.update(source=code, filename=filename or "<cell>")
+        elif callable(code):
+            import cloudpickle
+
+            blob = cloudpickle.dumps((code, tuple(args), dict(kwargs or {})))
+            fields.update(callable_b64=base64.b64encode(blob).decode(),
+                          filename=filename or _callable_file(code),
+                          name=name or getattr(code, "__name__", None))
+        else:
+            raise TypeError(f"submit() takes source code (str), a script path (pathlib.Path) or a callable, "
+                            f"not {type(code).__name__}")
+        if args and not callable(code):
+            raise TypeError("positional arguments are only for submitting a callable")
+        return SubmitRequest(**fields).model_dump(mode="json", exclude_none=True)
+
+
+def _callable_file(fn: Callable[..., Any]) -> str:
+    try:
+        return os.path.basename(inspect.getsourcefile(fn) or "<callable>")
+    except TypeError:
+        return "<callable>"
+
+
+class JobBase:
+    """A job's last known state; ``refresh()`` (or ``await refresh()``) updates it."""
+
+    def __init__(self, client: Any, info: JobInfo):
+        self._client = client
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def state(self) -> JobState:
+        return self.info.state
+
+    @property
+    def placement(self):
+        return self.info.placement
+
+    def __repr__(self) -> str:
+        where = ", ".join(f"{p.node}{p.devices}" for p in self.info.placement)
+        return f"<Job {self.id} {self.name!r} {self.state.value}{' on ' + where if where else ''}>"
+
+    def _outcome(self, payload: dict[str, Any]) -> Any:
+        """Turn a finished job's result payload into its value (or the right exception)."""
+        if self.state == JobState.FAILED:
+            raise JobFailed(self.id, self.info.error or "(no traceback recorded)")
+        if self.state == JobState.CANCELLED:
+            raise JobCancelled(f"job {self.id} was cancelled; it has no result")
+        if payload.get("error"):
+            raise APIError(200, f"job {self.id} succeeded but its result could not be kept: {payload['error']}")
+        blob = payload.get("pickle_b64")
+        if blob is None:
+            return None
+        import cloudpickle
+
+        return cloudpickle.loads(base64.b64decode(blob))

@@ -1,0 +1,116 @@
+"""The asyncio SDK: ``AsyncClient`` and ``AsyncJob``, the same methods as the sync pair."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Optional, Union
+
+import httpx
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
+
+from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase
+from .errors import WaitTimeout
+from .protocol import SLA, Event, JobInfo, JobState, NodeInfo
+
+
+class AsyncJob(JobBase):
+    _client: "AsyncClient"
+
+    async def refresh(self) -> "AsyncJob":
+        self.info = JobInfo.model_validate(await self._client._get(f"/jobs/{self.id}"))
+        return self
+
+    async def wait(self, timeout: Optional[float] = None) -> JobState:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        while not (await self.refresh()).state.is_terminal:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"job {self.id} still {self.state.value} after {timeout}s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+        return self.state
+
+    async def result(self, timeout: Optional[float] = None) -> Any:
+        await self.wait(timeout)
+        return self._outcome(await self._client._get(f"/jobs/{self.id}/result"))
+
+    async def logs(self) -> str:
+        return await self._client._get(f"/jobs/{self.id}/logs")
+
+    async def events(self, since: int = 0, follow: bool = True) -> AsyncIterator[Event]:
+        if not follow or (await self.refresh()).state.is_terminal:
+            for raw in await self._client._get(f"/jobs/{self.id}/events", params={"since": since}):
+                yield Event.model_validate(raw)
+            return
+        url = self._client.ws_url(f"/jobs/{self.id}/events/ws?since={since}")
+        try:
+            async with ws_connect(url, additional_headers=self._client.headers, max_size=None) as ws:
+                async for raw in ws:
+                    ev = Event.model_validate(json.loads(raw))
+                    yield ev
+                    if ev.type in TERMINAL_EVENTS:
+                        return
+        except (OSError, ConnectionClosed) as exc:
+            raise self._client.unreachable(exc) from None
+
+    async def cancel(self, reason: str = "") -> "AsyncJob":
+        raw = await self._client._post(f"/jobs/{self.id}/cancel", {"reason": reason} if reason else {})
+        self.info = JobInfo.model_validate(raw)
+        return self
+
+
+class AsyncClient(BaseClient):
+    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, home: Optional[Path] = None,
+                 timeout: float = 30.0):
+        super().__init__(url, token, home=home, timeout=timeout)
+        self._http = httpx.AsyncClient(headers=self.headers, timeout=timeout)
+
+    async def _request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            response = await self._http.request(method, self.api(path), **kw)
+        except httpx.TransportError as exc:
+            raise self.unreachable(exc) from None
+        return self.check(response)
+
+    async def _get(self, path: str, **kw: Any) -> Any:
+        return await self._request("GET", path, **kw)
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        return await self._request("POST", path, json=body)
+
+    async def submit(self, code: Code, *args: Any, gpus: int = 1, sla: Union[str, SLA] = "standard",
+                     name: Optional[str] = None, ranks: Optional[int] = None,
+                     checkpoint_every: Optional[float] = None, env: Optional[dict[str, str]] = None,
+                     filename: Optional[str] = None, kwargs: Optional[dict[str, Any]] = None) -> AsyncJob:
+        body = self.submit_body(code, args, kwargs, gpus=gpus, sla=sla, name=name, ranks=ranks,
+                                checkpoint_every=checkpoint_every, env=env, filename=filename)
+        return AsyncJob(self, JobInfo.model_validate(await self._post("/jobs", body)))
+
+    async def get(self, job_id: str) -> AsyncJob:
+        return AsyncJob(self, JobInfo.model_validate(await self._get(f"/jobs/{job_id}")))
+
+    async def jobs(self, state: Optional[Union[str, JobState, list]] = None) -> list[AsyncJob]:
+        states = [state] if isinstance(state, (str, JobState)) else (state or [])
+        raw = await self._get("/jobs", params=[("state", str(s)) for s in states])
+        return [AsyncJob(self, JobInfo.model_validate(j)) for j in raw]
+
+    async def nodes(self) -> list[NodeInfo]:
+        return [NodeInfo.model_validate(n) for n in await self._get("/nodes")]
+
+    async def health(self) -> dict[str, Any]:
+        return await self._get("/health")
+
+    async def create_user(self, user: str) -> str:
+        return (await self._post("/users", {"user": user}))["token"]
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()

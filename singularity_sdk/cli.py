@@ -1,0 +1,259 @@
+"""``singularityctl``: the command line. Every listing command takes ``--json``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from .client import Client, Job
+from .errors import SingularityError
+from .protocol import SLA, EventType, JobState
+from .render import format_event, job_row, table
+
+SLA_CHOICES = [s.value for s in SLA]
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.url, args.token, home=args.home)
+
+
+def _print_json(payload: Any) -> None:
+    print(json.dumps(payload, indent=2, default=str))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from backend.server.main import run
+
+    run(args.home, args.host, args.port, args.nodes, args.devices_per_node)
+    return 0
+
+
+def cmd_agent(rest: list[str]) -> int:
+    from backend.agent.agent import main
+
+    main(rest)
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    if args.file == "-":
+        source, filename = sys.stdin.read(), "<stdin>"
+    else:
+        path = Path(args.file)
+        if not path.is_file():
+            raise SingularityError(f"no such file: {args.file}")
+        source, filename = path.read_text(), path.name
+    with _client(args) as c:
+        job = c.submit(source, gpus=args.gpus, sla=args.sla, name=args.name or Path(filename).stem,
+                       ranks=args.ranks, checkpoint_every=args.checkpoint_every, filename=filename)
+        if args.wait:
+            for ev in job.events():
+                if not args.json:
+                    _print_live(ev)
+            job.refresh()
+        if args.json:
+            _print_json(job.info.model_dump(mode="json"))
+        else:
+            if not args.wait:
+                print(job.id)
+        return 0 if not args.wait or job.state == JobState.SUCCEEDED else 1
+
+
+def _print_live(ev) -> None:
+    if ev.type == EventType.LOG:
+        stream = sys.stdout if ev.data.get("stream") == "stdout" else sys.stderr
+        stream.write(ev.data.get("line", ""))
+        stream.flush()
+    else:
+        print(format_event(ev), file=sys.stderr, flush=True)
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        jobs = c.jobs(state=args.state)
+    if args.json:
+        _print_json([j.info.model_dump(mode="json") for j in jobs])
+        return 0
+    now = time.time()
+    print(table(["id", "name", "state", "sla", "devices", "node", "age"], [job_row(j.info, now) for j in jobs]))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        job = c.get(args.job)
+    if args.json:
+        _print_json(job.info.model_dump(mode="json"))
+        return 0
+    info = job.info
+    print(f"{info.id}  {info.name}  [{info.state.value}]  sla={info.sla.value}  gpus={info.gpus}  ranks={info.ranks}")
+    for p in info.placement:
+        print(f"  placement: {p.node} devices {p.devices} ranks {p.ranks}")
+    print(f"  attempt {info.attempt}, created {time.ctime(info.created_at)}, events {info.last_seq}")
+    if info.error:
+        print("  error:\n" + "\n".join("    " + line for line in info.error.splitlines()))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        job = c.get(args.job)
+        if not args.follow:
+            sys.stdout.write(job.logs())
+            return 0
+        for ev in job.events():
+            if ev.type == EventType.LOG:
+                prefix = f"[rank {ev.data.get('rank', 0)}] " if job.info.ranks > 1 else ""
+                sys.stdout.write(prefix + ev.data.get("line", ""))
+                sys.stdout.flush()
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        job = c.get(args.job)
+        for ev in job.events(since=args.since, follow=args.follow):
+            if args.json:
+                print(ev.model_dump_json(), flush=True)
+            else:
+                print(format_event(ev), flush=True)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        job = c.get(args.job).cancel(args.reason or "")
+    print(f"{job.id}: {job.state.value}")
+    return 0
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        nodes = c.nodes()
+    if args.json:
+        _print_json([n.model_dump(mode="json") for n in nodes])
+        return 0
+    rows = []
+    for n in nodes:
+        devs = " ".join(f"{d.index}:{n.used.get(d.index, '-')}" for d in n.devices)
+        kinds = ",".join(sorted({d.kind for d in n.devices}))
+        rows.append([n.name, n.state.value, f"{len(n.devices)} {kinds}", devs])
+    print(table(["node", "state", "devices", "in use (device:job)"], rows))
+    return 0
+
+
+def cmd_user(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        token = c.create_user(args.name)
+    if args.json:
+        _print_json({"user": args.name, "token": token})
+    else:
+        print(token)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(nodes=args.nodes, devices_per_node=args.devices_per_node)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=None, help="server URL (default: SINGULARITY_URL or server.json)")
+    common.add_argument("--token", default=None, help="API token (default: SINGULARITY_TOKEN or server.json)")
+    common.add_argument("--home", type=Path, default=None, help="SINGULARITY_HOME (default ~/.singularity)")
+    p = argparse.ArgumentParser(prog="singularityctl", description="Preemptible, migratable, resizable DL jobs.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    real_add = sub.add_parser
+    sub.add_parser = lambda *a, **kw: real_add(*a, parents=[common] if kw.get("add_help", True) else [], **kw)
+
+    s = sub.add_parser("serve", help="run the server (and local node agents)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=0, help="0 picks a free port (see server.json)")
+    s.add_argument("--nodes", type=int, default=0, help="local node agents to start beside the server")
+    s.add_argument("--devices-per-node", type=int, default=None, help="CPU slots per local node (where no GPU)")
+    s.set_defaults(fn=cmd_serve)
+
+    sub.add_parser("agent", help="run a node agent (see 'singularityctl agent --help')", add_help=False)
+
+    s = sub.add_parser("submit", help="submit a script (or - for stdin)")
+    s.add_argument("file")
+    s.add_argument("--gpus", type=int, default=1)
+    s.add_argument("--ranks", type=int, default=None, help="processes (default: one per device)")
+    s.add_argument("--sla", choices=SLA_CHOICES, default="standard")
+    s.add_argument("--name", default=None)
+    s.add_argument("--checkpoint-every", type=float, default=None, metavar="SECONDS")
+    s.add_argument("--wait", action="store_true", help="stream the job's output and wait for it to end")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_submit)
+
+    s = sub.add_parser("jobs", help="list your jobs")
+    s.add_argument("--state", action="append", choices=[st.value for st in JobState])
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_jobs)
+
+    for name, fn, helptext in (("show", cmd_show, "one job in detail"),):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("job")
+        s.add_argument("--json", action="store_true")
+        s.set_defaults(fn=fn)
+
+    s = sub.add_parser("logs", help="a job's output")
+    s.add_argument("job")
+    s.add_argument("-f", "--follow", action="store_true")
+    s.set_defaults(fn=cmd_logs)
+
+    s = sub.add_parser("events", help="a job's event log")
+    s.add_argument("job")
+    s.add_argument("-f", "--follow", action="store_true")
+    s.add_argument("--since", type=int, default=0)
+    s.add_argument("--json", action="store_true", help="one JSON object per line")
+    s.set_defaults(fn=cmd_events)
+
+    s = sub.add_parser("cancel", help="cancel a job")
+    s.add_argument("job")
+    s.add_argument("--reason", default=None)
+    s.set_defaults(fn=cmd_cancel)
+
+    s = sub.add_parser("nodes", help="list nodes and their devices")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_nodes)
+
+    s = sub.add_parser("user", help="admin: create a user and print their token")
+    s.add_argument("name")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_user)
+
+    s = sub.add_parser("demo", help="start a local cluster and run the demo training job")
+    s.add_argument("--nodes", type=int, default=2)
+    s.add_argument("--devices-per-node", type=int, default=2)
+    s.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    # 'agent' has its own parser (shared with 'python -m backend.agent'): hand it the rest.
+    if argv[:1] == ["agent"]:
+        return cmd_agent(argv[1:])
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except SingularityError as exc:
+        print(f"singularityctl: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

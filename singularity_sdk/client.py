@@ -1,0 +1,126 @@
+"""The synchronous SDK: ``Client`` and the ``Job`` handles it returns."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+import httpx
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
+
+from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase
+from .errors import WaitTimeout
+from .protocol import SLA, Event, JobInfo, JobState, NodeInfo
+
+
+class Job(JobBase):
+    _client: "Client"
+
+    def refresh(self) -> "Job":
+        self.info = JobInfo.model_validate(self._client._get(f"/jobs/{self.id}"))
+        return self
+
+    def wait(self, timeout: Optional[float] = None) -> JobState:
+        """Block until the job ends; returns its final state."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        while not self.refresh().state.is_terminal:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"job {self.id} still {self.state.value} after {timeout}s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+        return self.state
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        """The value of the job's last expression (or the callable's return value).
+
+        Waits for the job to end; raises ``JobFailed`` with the remote traceback if it failed."""
+        self.wait(timeout)
+        return self._outcome(self._client._get(f"/jobs/{self.id}/result"))
+
+    def logs(self) -> str:
+        return self._client._get(f"/jobs/{self.id}/logs")
+
+    def events(self, since: int = 0, follow: bool = True) -> Iterator[Event]:
+        """The job's events after ``since``; with ``follow`` keeps going until the job ends."""
+        if not follow or self.refresh().state.is_terminal:
+            for raw in self._client._get(f"/jobs/{self.id}/events", params={"since": since}):
+                yield Event.model_validate(raw)
+            return
+        url = self._client.ws_url(f"/jobs/{self.id}/events/ws?since={since}")
+        try:
+            with ws_connect(url, additional_headers=self._client.headers, max_size=None) as ws:
+                for raw in ws:
+                    ev = Event.model_validate(json.loads(raw))
+                    yield ev
+                    if ev.type in TERMINAL_EVENTS:
+                        return
+        except (OSError, ConnectionClosed) as exc:
+            raise self._client.unreachable(exc) from None
+
+    def cancel(self, reason: str = "") -> "Job":
+        self.info = JobInfo.model_validate(self._client._post(f"/jobs/{self.id}/cancel", {"reason": reason} if reason else {}))
+        return self
+
+
+class Client(BaseClient):
+    """Talks to a Singularity server. Arguments win over ``SINGULARITY_URL``/``SINGULARITY_TOKEN``,
+    which win over ``$SINGULARITY_HOME/server.json``."""
+
+    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, home: Optional[Path] = None,
+                 timeout: float = 30.0):
+        super().__init__(url, token, home=home, timeout=timeout)
+        self._http = httpx.Client(headers=self.headers, timeout=timeout)
+
+    # -- transport
+    def _request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            response = self._http.request(method, self.api(path), **kw)
+        except httpx.TransportError as exc:
+            raise self.unreachable(exc) from None
+        return self.check(response)
+
+    def _get(self, path: str, **kw: Any) -> Any:
+        return self._request("GET", path, **kw)
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        return self._request("POST", path, json=body)
+
+    # -- API
+    def submit(self, code: Code, *args: Any, gpus: int = 1, sla: Union[str, SLA] = "standard",
+               name: Optional[str] = None, ranks: Optional[int] = None, checkpoint_every: Optional[float] = None,
+               env: Optional[dict[str, str]] = None, filename: Optional[str] = None,
+               kwargs: Optional[dict[str, Any]] = None) -> Job:
+        """Submit source code (str), a script (pathlib.Path) or a callable with ``*args``/``kwargs``."""
+        body = self.submit_body(code, args, kwargs, gpus=gpus, sla=sla, name=name, ranks=ranks,
+                                checkpoint_every=checkpoint_every, env=env, filename=filename)
+        return Job(self, JobInfo.model_validate(self._post("/jobs", body)))
+
+    def get(self, job_id: str) -> Job:
+        return Job(self, JobInfo.model_validate(self._get(f"/jobs/{job_id}")))
+
+    def jobs(self, state: Optional[Union[str, JobState, list]] = None) -> list[Job]:
+        states = [state] if isinstance(state, (str, JobState)) else (state or [])
+        raw = self._get("/jobs", params=[("state", str(s)) for s in states])
+        return [Job(self, JobInfo.model_validate(j)) for j in raw]
+
+    def nodes(self) -> list[NodeInfo]:
+        return [NodeInfo.model_validate(n) for n in self._get("/nodes")]
+
+    def health(self) -> dict[str, Any]:
+        return self._get("/health")
+
+    def create_user(self, user: str) -> str:
+        """Admin only: create a user and return their token."""
+        return self._post("/users", {"user": user})["token"]
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,342 @@
+"""The wire protocol: every message the SDK, the server and the node agents exchange.
+
+Both sides import these models, so a field renamed here is renamed everywhere. Every model
+forbids unknown fields: a typo in a client is reported as a 4xx naming the field instead of
+being silently ignored.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+PROTOCOL_VERSION = 1
+API_PREFIX = "/api/v1"
+
+#: Largest source or pickled callable a job may carry. Data belongs in files the job reads.
+MAX_CODE_BYTES = 4 * 1024 * 1024
+#: Largest pickled result the server keeps for ``job.result()``.
+MAX_RESULT_BYTES = 32 * 1024 * 1024
+
+
+class JobState(str, enum.Enum):
+    """Where a job is in its life. Only the last three are terminal."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    PREEMPTING = "preempting"
+    PREEMPTED = "preempted"
+    MIGRATING = "migrating"
+    RESIZING = "resizing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def holds_devices(self) -> bool:
+        """True while the job's workers may be alive on their devices."""
+        return self in (JobState.RUNNING, JobState.PREEMPTING, JobState.MIGRATING, JobState.RESIZING)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class SLA(str, enum.Enum):
+    """Service tiers: how much a job may be shrunk or preempted for others."""
+
+    PREMIUM = "premium"
+    STANDARD = "standard"
+    BASIC = "basic"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class EventType(str, enum.Enum):
+    """Every kind of entry in a job's append-only event log.
+
+    Some are emitted by later features (checkpointing, migration, resize); they are listed
+    here so that every consumer (CLI, widget) can render them from day one.
+    """
+
+    SUBMITTED = "submitted"
+    SCHEDULED = "scheduled"
+    STARTED = "started"
+    LOG = "log"
+    PROGRESS = "progress"
+    TELEMETRY = "telemetry"
+    RESULT = "result"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCEL_REQUESTED = "cancel_requested"
+    CANCELLED = "cancelled"
+    CHECKPOINT_STARTED = "checkpoint_started"
+    CHECKPOINTED = "checkpointed"
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    PREEMPTING = "preempting"
+    PREEMPTED = "preempted"
+    RESUMED = "resumed"
+    MIGRATING = "migrating"
+    MIGRATED = "migrated"
+    RESIZING = "resizing"
+    RESIZED = "resized"
+    NODE_LOST = "node_lost"
+    RETRYING = "retrying"
+    WORKER_EXITED = "worker_exited"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Strict(BaseModel):
+    """Base of every wire model: unknown fields are errors, values are validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False, use_enum_values=False)
+
+
+# --------------------------------------------------------------------------- REST bodies
+
+
+class SubmitRequest(Strict):
+    """``POST /api/v1/jobs``. Exactly one of ``source`` and ``callable_b64`` is given."""
+
+    source: Optional[str] = Field(None, description="Python source: a cell or a script")
+    callable_b64: Optional[str] = Field(
+        None, description="base64 of cloudpickle.dumps((fn, args, kwargs))"
+    )
+    filename: str = Field("<cell>", max_length=512, description="shown in tracebacks")
+    name: Optional[str] = Field(None, max_length=128)
+    gpus: int = Field(1, ge=1, le=4096, description="devices requested (logical world size)")
+    ranks: Optional[int] = Field(None, ge=1, le=4096, description="processes; default one per device")
+    sla: SLA = SLA.STANDARD
+    checkpoint_every: Optional[float] = Field(None, gt=0, description="seconds between checkpoints")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the workers")
+
+
+class JobAction(Strict):
+    """``POST /api/v1/jobs/{id}/{action}`` bodies (all fields optional)."""
+
+    reason: Optional[str] = Field(None, max_length=500)
+    node: Optional[str] = None
+    gpus: Optional[int] = Field(None, ge=1)
+
+
+class CreateUserRequest(Strict):
+    """``POST /api/v1/users`` (admin only): issue a token for a new user."""
+
+    user: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
+
+
+# --------------------------------------------------------------------------- read models
+
+
+class Placement(Strict):
+    """Where a job's ranks run: for each node, the device indices it holds there."""
+
+    node: str
+    devices: list[int]
+    ranks: list[int] = Field(default_factory=list)
+
+
+class JobInfo(Strict):
+    id: str
+    name: str
+    user: str
+    state: JobState
+    sla: SLA
+    gpus: int
+    ranks: int
+    placement: list[Placement] = Field(default_factory=list)
+    attempt: int = 0
+    created_at: float
+    updated_at: float
+    started_at: Optional[float] = None
+    ended_at: Optional[float] = None
+    error: Optional[str] = None
+    has_result: bool = False
+    last_seq: int = 0
+    checkpoint_every: Optional[float] = None
+    filename: str = "<cell>"
+
+
+class Event(Strict):
+    job_id: str
+    seq: int
+    type: EventType
+    time: float
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class DeviceInfo(Strict):
+    index: int
+    kind: Literal["cuda", "cpu"]
+    name: str
+    uuid: Optional[str] = None
+    memory_bytes: Optional[int] = None
+
+
+class NodeState(str, enum.Enum):
+    READY = "ready"
+    DRAINING = "draining"
+    LOST = "lost"
+    DOWN = "down"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class NodeInfo(Strict):
+    name: str
+    state: NodeState
+    devices: list[DeviceInfo]
+    used: dict[int, str] = Field(default_factory=dict, description="device index -> job id")
+    heartbeat_at: Optional[float] = None
+
+
+class ResultPayload(Strict):
+    """``GET /api/v1/jobs/{id}/result``: the pickled value and its repr for display."""
+
+    job_id: str
+    pickle_b64: Optional[str] = None
+    repr: str = ""
+    error: Optional[str] = None
+
+
+class ErrorBody(Strict):
+    error: str
+    field: Optional[str] = None
+
+
+# --------------------------------------------------------------------------- agent channel
+# Agent -> server messages carry ``type``; the server answers ``ack`` for events.
+
+
+class AgentHello(Strict):
+    type: Literal["hello"] = "hello"
+    protocol: int = PROTOCOL_VERSION
+    node: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    instance: str = Field(..., description="unique per agent process: fences replayed events")
+    devices: list[DeviceInfo]
+    #: (job id, attempt) of every job whose workers are alive or whose exit is not yet acked
+    known_jobs: list[tuple[str, int]] = Field(default_factory=list)
+    acked_seq: int = 0
+
+
+class AgentEvent(Strict):
+    """One event produced on a node. ``agent_seq`` is per agent instance and makes replay
+    idempotent: the server commits the highest applied value with the event itself."""
+
+    agent_seq: int = Field(..., ge=1)
+    job_id: str
+    attempt: int
+    type: EventType
+    time: float
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentEvents(Strict):
+    type: Literal["events"] = "events"
+    events: list[AgentEvent]
+
+
+class AgentHeartbeat(Strict):
+    type: Literal["heartbeat"] = "heartbeat"
+    time: float
+    running: list[tuple[str, int]] = Field(default_factory=list)
+
+
+AgentMessage = Union[AgentHello, AgentEvents, AgentHeartbeat]
+agent_message_adapter: TypeAdapter[AgentMessage] = TypeAdapter(
+    Union[AgentHello, AgentEvents, AgentHeartbeat]
+)
+
+
+class RankSpec(Strict):
+    rank: int
+    local_rank: int
+    devices: list[int]
+
+
+class StartJob(Strict):
+    """Server -> agent: start the workers of one attempt of a job."""
+
+    type: Literal["start"] = "start"
+    job_id: str
+    attempt: int
+    world_size: int
+    local_world_size: int
+    ranks: list[RankSpec]
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    source: Optional[str] = None
+    callable_b64: Optional[str] = None
+    filename: str = "<cell>"
+    env: dict[str, str] = Field(default_factory=dict)
+    restore: Optional[str] = Field(None, description="checkpoint to resume from")
+    checkpoint_every: Optional[float] = None
+
+
+class StopJob(Strict):
+    """Server -> agent: stop a job's workers (SIGTERM, then SIGKILL after ``grace_s``)."""
+
+    type: Literal["stop"] = "stop"
+    job_id: str
+    attempt: int
+    reason: str = "cancelled"
+    grace_s: float = 1.0
+
+
+class CheckpointJob(Strict):
+    """Server -> agent: take a checkpoint at the next safe point; ``then`` says what follows."""
+
+    type: Literal["checkpoint"] = "checkpoint"
+    job_id: str
+    attempt: int
+    then: Literal["continue", "stop"] = "continue"
+    reason: str = ""
+
+
+class Ack(Strict):
+    type: Literal["ack"] = "ack"
+    agent_seq: int
+
+
+class Welcome(Strict):
+    type: Literal["welcome"] = "welcome"
+    protocol: int = PROTOCOL_VERSION
+    acked_seq: int
+    heartbeat_s: float
+
+
+class Shutdown(Strict):
+    type: Literal["shutdown"] = "shutdown"
+    reason: str = ""
+
+
+ServerToAgent = Union[StartJob, StopJob, CheckpointJob, Ack, Welcome, Shutdown]
+server_message_adapter: TypeAdapter[ServerToAgent] = TypeAdapter(ServerToAgent)
+
+
+def describe_validation_error(exc: ValidationError) -> tuple[str, Optional[str]]:
+    """Turn pydantic's error list into one sentence that names the offending field."""
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p not in ("function-after",))
+    kind = first.get("type", "")
+    if kind == "extra_forbidden":
+        msg = f"unknown field '{loc}'"
+    elif kind == "missing":
+        msg = f"missing field '{loc}'"
+    else:
+        msg = f"field '{loc}': {first.get('msg', 'invalid value')}"
+    more = len(exc.errors()) - 1
+    if more:
+        msg += f" (and {more} more problem{'s' if more > 1 else ''})"
+    return msg, loc or None
