@@ -12,7 +12,7 @@ $(BIN)/activate:
 
 setup: $(BIN)/activate
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q -c constraints.txt torch
-	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	$(BIN)/pip install -q -e '.[test]'
 
 demo: setup
 	$(BIN)/singularityctl demo

@@ -8,6 +8,8 @@ from __future__ import annotations
 import base64
 import inspect
 import os
+import site
+import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -15,7 +17,9 @@ import httpx
 
 from .config import resolve
 from .errors import APIError, AuthError, Conflict, InvalidRequest, JobCancelled, JobFailed, JobNotFound, ServerUnreachable
-from .protocol import API_PREFIX, SLA, EventType, JobInfo, JobState, SubmitRequest
+from pydantic import ValidationError
+
+from .protocol import API_PREFIX, SLA, EventType, JobInfo, JobState, SubmitRequest, describe_validation_error
 
 TERMINAL_EVENTS = {EventType.SUCCEEDED, EventType.FAILED, EventType.CANCELLED}
 Code = Union[str, Path, Callable[..., Any]]
@@ -74,9 +78,7 @@ class BaseClient:
         elif isinstance(code, str):
             fields.update(source=code, filename=filename or "<cell>")
         elif callable(code):
-            import cloudpickle
-
-            blob = cloudpickle.dumps((code, tuple(args), dict(kwargs or {})))
+            blob = pickle_callable(code, args, kwargs)
             fields.update(callable_b64=base64.b64encode(blob).decode(),
                           filename=filename or _callable_file(code),
                           name=name or getattr(code, "__name__", None))
@@ -85,7 +87,37 @@ class BaseClient:
                             f"not {type(code).__name__}")
         if args and not callable(code):
             raise TypeError("positional arguments are only for submitting a callable")
-        return SubmitRequest(**fields).model_dump(mode="json", exclude_none=True)
+        try:
+            request = SubmitRequest(**fields)
+        except ValidationError as exc:  # caught here, before a round trip, with the server's wording
+            message, field = describe_validation_error(exc)
+            raise InvalidRequest(422, message, field) from None
+        return request.model_dump(mode="json", exclude_none=True)
+
+
+def _is_users_own_module(module: Any) -> bool:
+    """A module the workers may not be able to import: not stdlib, not an installed package."""
+    path = getattr(module, "__file__", None)
+    if not path or module.__name__ == "__main__":
+        return False
+    installed = {sys.prefix, sys.base_prefix, *site.getsitepackages()}
+    return not any(os.path.abspath(path).startswith(os.path.abspath(p) + os.sep) for p in installed)
+
+
+def pickle_callable(fn: Callable[..., Any], args: tuple, kwargs: Optional[dict]) -> bytes:
+    """cloudpickle ``(fn, args, kwargs)``, carrying the user's own modules by value so a
+    function defined in a local helper file runs on a worker that lacks that file."""
+    import cloudpickle
+
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    by_value = module is not None and _is_users_own_module(module)
+    if by_value:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    finally:
+        if by_value:
+            cloudpickle.unregister_pickle_by_value(module)
 
 
 def _callable_file(fn: Callable[..., Any]) -> str:

@@ -126,6 +126,8 @@ def cmd_events(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     with _client(args) as c:
         job = c.get(args.job).cancel(args.reason or "")
+        if not args.no_wait:
+            job.wait(timeout=30)  # stopping takes at most the grace period plus a kill
     print(f"{job.id}: {job.state.value}")
     return 0
 
@@ -217,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("cancel", help="cancel a job")
     s.add_argument("job")
     s.add_argument("--reason", default=None)
+    s.add_argument("--no-wait", action="store_true", help="return once the request is accepted")
     s.set_defaults(fn=cmd_cancel)
 
     s = sub.add_parser("nodes", help="list nodes and their devices")

@@ -1,0 +1,159 @@
+"""Submit code and watch it run: results, logs, tracebacks, callables, scripts, cancel."""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from singularity_sdk import EventType, JobCancelled, JobFailed, JobState
+from conftest import pid_alive
+
+
+def test_hello_result_logs_and_events(client):
+    job = client.submit("print('hi'); 6 * 7", gpus=1)
+    assert job.wait(60) == JobState.SUCCEEDED
+    assert job.result() == 42
+    assert job.logs() == "hi\n"
+    types = [ev.type for ev in job.events()]
+    assert types[0] == EventType.SUBMITTED
+    for expected in (EventType.SCHEDULED, EventType.STARTED, EventType.LOG, EventType.SUCCEEDED):
+        assert expected in types
+    assert types[-1] == EventType.SUCCEEDED
+    assert types.index(EventType.SCHEDULED) < types.index(EventType.STARTED) < types.index(EventType.LOG)
+    seqs = [ev.seq for ev in job.events(follow=False)]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert job.placement and job.placement[0].node.startswith("node-")
+
+
+def test_exception_fails_with_traceback_into_submitted_code(client):
+    code = "x = 1\n\ndef boom(v):\n    return v / 0\n\nboom(x)\n"
+    job = client.submit(code, name="boom")
+    assert job.wait(60) == JobState.FAILED
+    err = job.info.error
+    assert 'File "<cell>", line 6, in <module>' in err
+    assert 'File "<cell>", line 4, in boom' in err
+    assert "return v / 0" in err and "ZeroDivisionError" in err
+    assert "backend/worker" not in err  # the worker's own frames are not shown
+    with pytest.raises(JobFailed, match="ZeroDivisionError"):
+        job.result()
+
+
+def test_script_file(client, tmp_path):
+    script = tmp_path / "train_step.py"
+    script.write_text("import sys\ntotal = sum(range(10))\nprint('total', total)\nraise ValueError(f'bad {total}')\n")
+    job = client.submit(script)
+    assert job.name == "train_step"
+    assert job.wait(60) == JobState.FAILED
+    assert 'File "train_step.py", line 4' in job.info.error
+    assert job.logs().startswith("total 45\n")
+
+
+def _power(base, exp, *, scale=1):
+    return scale * base ** exp
+
+
+def test_callable_with_args_and_closure(client):
+    job = client.submit(_power, 2, 10, kwargs={"scale": 3})
+    assert job.result(timeout=60) == 3072
+    offset = 5
+    job = client.submit(lambda xs: [x + offset for x in xs], [1, 2, 3])
+    assert job.result(timeout=60) == [6, 7, 8]
+
+
+def test_torch_job_runs_with_fixed_threads(client):
+    job = client.submit("import torch, os\n(torch.get_num_threads(), os.environ['CUDA_VISIBLE_DEVICES'], "
+                        "int(os.environ['WORLD_SIZE']), torch.ones(3).sum().item())")
+    assert job.result(timeout=60) == (1, "", 1, 3.0)
+
+
+def test_cancel_running_infinite_loop_within_two_seconds(client):
+    job = client.submit("print('looping', flush=True)\nwhile True:\n    pass\n", name="spin")
+    pid = None
+    for ev in job.events():
+        if ev.type == EventType.STARTED:
+            pid = int(next(iter(ev.data["pids"].values())))
+        if ev.type == EventType.LOG:
+            break
+    assert pid and pid_alive(pid)
+    t0 = time.monotonic()
+    job.cancel("test")
+    assert job.wait(10) == JobState.CANCELLED
+    assert time.monotonic() - t0 < 2.0
+    deadline = time.monotonic() + 2
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not pid_alive(pid)
+    with pytest.raises(JobCancelled):
+        job.result()
+    assert client.get(job.id).state == JobState.CANCELLED
+
+
+def test_cancel_queued_job(client):
+    blockers = [client.submit("import time; time.sleep(3)", gpus=2) for _ in range(2)]
+    queued = client.submit("print('never')", gpus=4)
+    assert queued.refresh().state == JobState.QUEUED
+    queued.cancel()
+    assert queued.state == JobState.CANCELLED
+    for b in blockers:
+        b.cancel()
+        b.wait(10)
+    assert queued.logs() == ""
+
+
+def test_twenty_jobs_on_four_devices_never_share_a_device(client):
+    jobs = [client.submit(f"import time\ntime.sleep(0.1)\nprint({i})\n{i}", name=f"many-{i}") for i in range(20)]
+    assert [j.result(timeout=120) for j in jobs] == list(range(20))
+    intervals: dict[tuple[str, int], list[tuple[float, float, str]]] = {}
+    for job in jobs:
+        events = list(job.events(follow=False))
+        scheduled = next(e for e in events if e.type == EventType.SCHEDULED)
+        ended = next(e for e in events if e.type == EventType.SUCCEEDED)
+        for p in scheduled.data["placement"]:
+            for d in p["devices"]:
+                intervals.setdefault((p["node"], d), []).append((scheduled.time, ended.time, job.id))
+    assert len(intervals) == 4  # every device was used
+    for device, spans in intervals.items():
+        spans.sort()
+        for (s1, e1, j1), (s2, e2, j2) in zip(spans, spans[1:]):
+            assert e1 <= s2, f"{j1} and {j2} overlapped on {device}"
+
+
+def test_event_stream_resumes_with_since_without_gap_or_duplicate(client):
+    job = client.submit("import time\nfor i in range(120):\n    print('line', i)\n    time.sleep(0.005)\n")
+    seen = []
+    for ev in job.events():
+        seen.append(ev)
+        if len(seen) == 40:
+            break  # the socket is closed mid-stream
+    for ev in job.events(since=seen[-1].seq):
+        seen.append(ev)
+    assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
+    assert seen[-1].type == EventType.SUCCEEDED
+    lines = [e.data["line"] for e in seen if e.type == EventType.LOG]
+    assert lines == [f"line {i}\n" for i in range(120)]
+
+
+def test_async_client_same_shape(cluster):
+    async def go():
+        async with cluster.async_client() as ac:
+            job = await ac.submit("print('async'); 'ok'")
+            assert await job.wait(60) == JobState.SUCCEEDED
+            assert await job.result() == "ok"
+            assert await job.logs() == "async\n"
+            types = [ev.type async for ev in job.events()]
+            assert types[-1] == EventType.SUCCEEDED
+            again = await ac.get(job.id)
+            assert again.state == JobState.SUCCEEDED
+            assert job.id in [j.id for j in await ac.jobs()]
+            assert len(await ac.nodes()) == 2
+    asyncio.run(go())
+
+
+def test_multi_rank_job_lines_carry_rank(client):
+    job = client.submit("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n", gpus=2)
+    assert job.wait(60) == JobState.SUCCEEDED
+    lines = sorted(job.logs().splitlines())
+    assert lines == ["[rank 0] rank 0 of 2", "[rank 1] rank 1 of 2"]
+    assert sum(len(p.devices) for p in job.placement) == 2
