@@ -13,6 +13,7 @@ that best fit costs O(D) per job and not O(nodes): a round over 1,000 nodes stay
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Iterable, Optional
 
 from .types import NodeView
@@ -20,9 +21,10 @@ from .types import NodeView
 Placement = dict[str, tuple[int, ...]]
 
 
-def divisors(w: int) -> list[int]:
+@lru_cache(maxsize=4096)
+def divisors(w: int) -> tuple[int, ...]:
     """Divisors of the logical world size, largest first: the device counts a job may run on."""
-    return [p for p in range(w, 0, -1) if w % p == 0]
+    return tuple(p for p in range(w, 0, -1) if w % p == 0)
 
 
 def fmt_placement(placement: Placement) -> str:

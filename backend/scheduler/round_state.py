@@ -145,8 +145,8 @@ class RoundState:
                     self.node_jobs.setdefault(i, []).append(job)
             if job.movable:
                 self._track(job)
-                if held < job.gpus:
-                    self.shrunk.append(job)
+            if job.running and not job.protected and held < job.gpus:
+                self.shrunk.append(job)
 
     def _track(self, job: RJob) -> None:
         """Count what taking this job back would free, per node."""
@@ -175,13 +175,13 @@ class RoundState:
 
     # ------------------------------------------------------------------ device bookkeeping
 
-    def _give(self, placement: Placement) -> None:
+    def give_devices(self, placement: Placement) -> None:
         for node, devs in placement.items():
             if node in self.free.free:
                 self.free.give(node, devs)
                 self.nfree[self.index[node]] += len(devs)
 
-    def _take(self, placement: Placement) -> None:
+    def take_devices(self, placement: Placement) -> None:
         for node, devs in placement.items():
             self.free.take(node, devs)
             self.nfree[self.index[node]] -= len(devs)
@@ -196,8 +196,8 @@ class RoundState:
                 release[node] = tuple(sorted(o - n))
             if n - o:
                 acquire[node] = tuple(sorted(n - o))
-        self._give(release)
-        self._take(acquire)
+        self.give_devices(release)
+        self.take_devices(acquire)
         key = (job.rank, job.user)
         new_held = sum(len(d) for d in new.values())
         self.held_by[key] = self.held_by.get(key, 0) + new_held - job.held

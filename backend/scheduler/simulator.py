@@ -1,0 +1,463 @@
+"""Trace-driven simulator: replays a job trace through the SAME policy code as the server.
+
+Job model:
+- a job's work is its recorded duration at its requested size W; on P < W devices (P divides W,
+  replica splicing) it progresses at P/W of full speed;
+- every preemption, migration or resize costs ``overhead_s`` seconds during which the job holds
+  its (new) devices and makes no progress; a preemption releases the devices at once and the
+  job pays the overhead when it resumes; a first start costs nothing;
+- devices released by a Preempt/Resize/Migrate are free for the actions after it in the same
+  round (the policy returns actions in the order they apply).
+
+The clock is event-driven: it jumps to the next arrival, completion, end of an overhead, or
+(for policies with an anti-thrash interval) the moment a moved job may be moved again, and a
+scheduling round runs at each such time. Progress is computed lazily from (remaining work,
+reference time, devices, stall end), so a step costs O(jobs that changed), not O(running).
+
+Conservation of devices is checked on every action (a device has at most one owner, the
+count held never exceeds the cluster) and at the end (device-time held = useful + overhead).
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import sys
+import time
+from typing import Callable, Optional, Sequence
+
+from singularity_sdk.protocol import JobState
+
+from .baselines import SRTFPolicy, TiresiasPolicy, fifo_backfill_policy, fifo_gang_policy
+from .metrics import Finished, SimReport, format_report, summarize
+from .placement import fits_locality
+from .singularity import PolicyConfig, SingularityPolicy
+from .trace import TraceJob, load_trace
+from .types import Action, JobView, Migrate, NodeView, Place, Preempt, Resize, Snapshot
+
+Policy = Callable[[Snapshot], list[Action]]
+POLICIES = ("singularity", "fifo", "fifo-backfill", "tiresias", "srtf")
+
+_DONE, _STALL_END, _WAKE = 0, 1, 2
+#: wake-ups for anti-thrash expiry are rounded up to this grid so that many moves share a round
+_WAKE_GRID_S = 60.0
+
+
+class InvalidAction(RuntimeError):
+    """A policy asked for something impossible: a bug in the policy, never a scheduling outcome."""
+
+
+class SimJob:
+    """Mutable state of one job in the simulation."""
+
+    __slots__ = (
+        "id", "user", "sla", "gpus", "submit", "duration", "state", "placement", "held", "rem",
+        "t_ref", "stall_until", "attained", "overhead_ds", "start", "finish", "last_moved_at",
+        "last_checkpoint_at", "version", "view",
+    )
+
+    def __init__(self, tj: TraceJob):
+        self.id = tj.id
+        self.user = tj.user
+        self.sla = tj.sla
+        self.gpus = tj.gpus
+        self.submit = tj.submit
+        self.duration = tj.duration
+        self.state = JobState.QUEUED
+        self.placement: dict[str, tuple[int, ...]] = {}
+        self.held = 0
+        self.rem = tj.duration  # full-speed seconds left at t_ref
+        self.t_ref = tj.submit
+        self.stall_until = -math.inf
+        self.attained = 0.0  # device-seconds held up to t_ref
+        self.overhead_ds = 0.0  # device-seconds held while stalled, up to t_ref
+        self.start: Optional[float] = None
+        self.finish: Optional[float] = None
+        self.last_moved_at: Optional[float] = None
+        self.last_checkpoint_at: Optional[float] = None
+        self.version = 0
+        self.view: Optional[JobView] = None
+
+    def progress_to(self, t: float) -> tuple[float, float, float]:
+        """(remaining work, attained, overhead) at time ``t`` without changing anything."""
+        if not self.held or t <= self.t_ref:
+            return self.rem, self.attained, self.overhead_ds
+        dt = t - self.t_ref
+        stalled = max(0.0, min(t, self.stall_until) - self.t_ref)
+        rem = self.rem - (dt - stalled) * self.held / self.gpus
+        return max(rem, 0.0), self.attained + self.held * dt, self.overhead_ds + self.held * stalled
+
+    def materialize(self, t: float) -> None:
+        self.rem, self.attained, self.overhead_ds = self.progress_to(t)
+        self.t_ref = t
+
+    def done_at(self) -> float:
+        return max(self.t_ref, self.stall_until) + self.rem * self.gpus / self.held
+
+
+class Simulator:
+    """Replays ``jobs`` on ``gpus`` devices through ``policy``; ``run()`` returns the report."""
+
+    def __init__(
+        self,
+        jobs: Sequence[TraceJob],
+        gpus: int,
+        gpus_per_node: int = 8,
+        overhead_s: float = 30.0,
+        policy: Optional[Policy] = None,
+        policy_name: str = "custom",
+        seed: int = 0,
+    ):
+        if gpus <= 0 or gpus_per_node <= 0:
+            raise ValueError("gpus and gpus_per_node must be positive")
+        self.capacity = gpus
+        self.per_node = gpus_per_node
+        self.overhead_s = float(overhead_s)
+        self.policy_name = policy_name
+        self.seed = seed
+        self.sizes: dict[str, int] = {}
+        left = gpus
+        i = 0
+        while left > 0:
+            self.sizes[f"node-{i}"] = min(gpus_per_node, left)
+            left -= gpus_per_node
+            i += 1
+        self.max_size = max(self.sizes.values())
+        self.owner: dict[str, dict[int, str]] = {n: {} for n in self.sizes}
+        self._node_views: dict[str, NodeView] = {}
+        self.trace = sorted(jobs, key=lambda j: (j.submit, j.id))
+        self.rejected = [j for j in self.trace if j.gpus > gpus]
+        self.trace = [j for j in self.trace if j.gpus <= gpus]
+        self.active: dict[str, SimJob] = {}
+        self.jobs: dict[str, SimJob] = {}
+        self.finished: list[Finished] = []
+        self.now = self.trace[0].submit if self.trace else 0.0
+        self.allocated = 0
+        self.allocated_ds = 0.0
+        self.counts = {"preempt": 0, "migrate": 0, "resize": 0, "resume": 0}
+        self.rounds = 0
+        self.policy_s = 0.0
+        self._heap: list[tuple[float, int, int, str, int]] = []
+        self._seq = 0
+        self._wakes: set[float] = set()
+        self.policy: Optional[Policy] = policy
+        self.wake_after_move_s: Optional[float] = getattr(policy, "min_move_interval_s", None)
+
+    # ------------------------------------------------------------------ lookups for baselines
+
+    def attained(self, job_id: str) -> float:
+        """Device-seconds the job has held so far (Tiresias' attained service)."""
+        return self.jobs[job_id].progress_to(self.now)[1]
+
+    def remaining(self, job_id: str) -> float:
+        """Run time left at full size (the SRTF oracle's knowledge)."""
+        return self.jobs[job_id].progress_to(self.now)[0]
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> SimReport:
+        if self.policy is None:
+            raise ValueError("no policy")
+        wall0 = time.perf_counter()
+        trace, ai, n = self.trace, 0, len(self.trace)
+        while True:
+            t_arr = trace[ai].submit if ai < n else math.inf
+            t_evt = self._next_event_time()
+            t = min(t_arr, t_evt)
+            if t == math.inf:
+                break
+            self._advance(t)
+            while self._heap and self._heap[0][0] <= t:
+                self._handle(heapq.heappop(self._heap))
+            while ai < n and trace[ai].submit <= t:
+                job = SimJob(trace[ai])
+                self.active[job.id] = job
+                self.jobs[job.id] = job
+                ai += 1
+            if self.active:
+                self._round()
+        if self.active:
+            stuck = ", ".join(list(self.active)[:5])
+            raise RuntimeError(f"simulation ended with {len(self.active)} jobs never finished ({stuck} ...)")
+        overhead_ds = sum(j.overhead_ds for j in self.jobs.values())
+        useful_ds = sum(j.gpus * j.duration for j in self.jobs.values())
+        if not math.isclose(self.allocated_ds, useful_ds + overhead_ds, rel_tol=1e-6, abs_tol=1e-3):
+            raise AssertionError(
+                f"device-time not conserved: held {self.allocated_ds:.3f}, useful {useful_ds:.3f} + overhead {overhead_ds:.3f}"
+            )
+        return summarize(
+            self.finished,
+            policy=self.policy_name,
+            gpus=self.capacity,
+            gpus_per_node=self.per_node,
+            overhead_s=self.overhead_s,
+            seed=self.seed,
+            rejected=len(self.rejected),
+            allocated_ds=self.allocated_ds,
+            overhead_ds=overhead_ds,
+            counts=self.counts,
+            rounds=self.rounds,
+            wall_s=time.perf_counter() - wall0,
+            policy_s=self.policy_s,
+        )
+
+    def _next_event_time(self) -> float:
+        heap = self._heap
+        while heap:
+            t, _, kind, job_id, version = heap[0]
+            if kind == _WAKE:
+                return t
+            job = self.active.get(job_id)
+            if job is not None and job.version == version:
+                return t
+            heapq.heappop(heap)  # stale: the job changed since this was scheduled
+        return math.inf
+
+    def _advance(self, t: float) -> None:
+        if t < self.now:
+            raise AssertionError(f"clock went back from {self.now} to {t}")
+        self.allocated_ds += self.allocated * (t - self.now)
+        self.now = t
+
+    def _push(self, t: float, kind: int, job_id: str = "", version: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, job_id, version))
+
+    def _handle(self, event: tuple[float, int, int, str, int]) -> None:
+        t, _, kind, job_id, version = event
+        if kind == _WAKE:
+            self._wakes.discard(t)
+            return
+        job = self.active.get(job_id)
+        if job is None or job.version != version:
+            return
+        if kind == _STALL_END:
+            if job.state in (JobState.RESIZING, JobState.MIGRATING):
+                job.state = JobState.RUNNING
+                job.view = None
+            return
+        job.materialize(t)
+        if job.rem > 1e-6 * max(1.0, job.duration):
+            raise AssertionError(f"{job.id} completed with {job.rem} s of work left")
+        self._release(job)
+        job.state = JobState.SUCCEEDED
+        job.finish = t
+        del self.active[job.id]
+        assert job.start is not None
+        self.finished.append(Finished(job.gpus, str(job.sla), job.submit, job.start, t, job.duration))
+
+    # ------------------------------------------------------------------ a round
+
+    def snapshot(self) -> Snapshot:
+        nodes = tuple(self._node_view(n) for n in self.sizes)
+        jobs = tuple(j.view or self._job_view(j) for j in self.active.values())
+        return Snapshot(now=self.now, nodes=nodes, jobs=jobs)
+
+    def _node_view(self, name: str) -> NodeView:
+        v = self._node_views.get(name)
+        if v is None:
+            v = NodeView(name=name, devices=tuple(range(self.sizes[name])), used=dict(self.owner[name]))
+            self._node_views[name] = v
+        return v
+
+    def _job_view(self, j: SimJob) -> JobView:
+        j.view = JobView(
+            id=j.id,
+            user=j.user,
+            sla=j.sla,
+            state=j.state,
+            gpus=j.gpus,
+            submitted_at=j.submit,
+            placement=j.placement,
+            last_checkpoint_at=j.last_checkpoint_at,
+            last_moved_at=j.last_moved_at,
+        )
+        return j.view
+
+    def _round(self) -> None:
+        snap = self.snapshot()
+        t0 = time.perf_counter()
+        actions = self.policy(snap)  # type: ignore[misc]
+        self.policy_s += time.perf_counter() - t0
+        self.rounds += 1
+        for a in actions:
+            self._apply(a)
+        if not 0 <= self.allocated <= self.capacity:
+            raise AssertionError(f"{self.allocated} devices allocated of {self.capacity}")
+
+    # ------------------------------------------------------------------ applying actions
+
+    def _apply(self, a: Action) -> None:
+        job = self.active.get(a.job_id)
+        if job is None:
+            raise InvalidAction(f"{type(a).__name__} for unknown or finished job {a.job_id}")
+        t = self.now
+        if isinstance(a, Place):
+            if job.state not in (JobState.QUEUED, JobState.PREEMPTED):
+                raise InvalidAction(f"Place for {job.id} in state {job.state}")
+            self._check(job, a.placement)
+            resumed = job.state == JobState.PREEMPTED
+            job.t_ref = t
+            self._acquire(job, a.placement)
+            job.state = JobState.RUNNING
+            if resumed:
+                self.counts["resume"] += 1
+                self._stall(job, t)
+            if job.start is None:
+                job.start = t
+            job.last_checkpoint_at = t
+            self._changed(job)
+        elif isinstance(a, Preempt):
+            if job.state != JobState.RUNNING:
+                raise InvalidAction(f"Preempt for {job.id} in state {job.state}")
+            job.materialize(t)
+            self._release(job)
+            job.state = JobState.PREEMPTED
+            job.last_moved_at = t
+            job.last_checkpoint_at = t
+            self.counts["preempt"] += 1
+            job.version += 1
+            job.view = None
+            self._wake(t)
+        elif isinstance(a, (Resize, Migrate)):
+            if job.state != JobState.RUNNING:
+                raise InvalidAction(f"{type(a).__name__} for {job.id} in state {job.state}")
+            self._check(job, a.placement)
+            job.materialize(t)
+            self._release(job)
+            self._acquire(job, a.placement)
+            job.state = JobState.RESIZING if isinstance(a, Resize) else JobState.MIGRATING
+            self.counts["resize" if isinstance(a, Resize) else "migrate"] += 1
+            self._stall(job, t)
+            job.last_checkpoint_at = t
+            self._changed(job)
+        else:
+            raise InvalidAction(f"unknown action {a!r}")
+
+    def _stall(self, job: SimJob, t: float) -> None:
+        job.stall_until = t + self.overhead_s
+        job.last_moved_at = t
+        self._wake(t)
+
+    def _wake(self, t: float) -> None:
+        if self.wake_after_move_s is None:
+            return
+        at = math.ceil((t + self.wake_after_move_s) / _WAKE_GRID_S) * _WAKE_GRID_S
+        if at not in self._wakes:
+            self._wakes.add(at)
+            self._push(at, _WAKE)
+
+    def _changed(self, job: SimJob) -> None:
+        job.version += 1
+        job.view = None
+        if job.stall_until > self.now:
+            self._push(job.stall_until, _STALL_END, job.id, job.version)
+        self._push(job.done_at(), _DONE, job.id, job.version)
+
+    def _check(self, job: SimJob, placement: dict[str, tuple[int, ...]]) -> None:
+        p = 0
+        for node, devs in placement.items():
+            size = self.sizes.get(node)
+            if size is None:
+                raise InvalidAction(f"{job.id}: no node {node}")
+            if len(set(devs)) != len(devs):
+                raise InvalidAction(f"{job.id}: duplicate devices on {node}: {devs}")
+            owners = self.owner[node]
+            for d in devs:
+                if not 0 <= d < size:
+                    raise InvalidAction(f"{job.id}: {node} has no device {d}")
+                holder = owners.get(d)
+                if holder is not None and holder != job.id:
+                    raise InvalidAction(f"{job.id}: device {d} of {node} is held by {holder}")
+            p += len(devs)
+        if p < 1 or job.gpus % p:
+            raise InvalidAction(f"{job.id}: {p} devices do not divide its world size {job.gpus}")
+        if not fits_locality(placement, self.max_size, self.sizes):
+            raise InvalidAction(f"{job.id}: placement {placement} breaks the locality rule")
+
+    def _acquire(self, job: SimJob, placement: dict[str, tuple[int, ...]]) -> None:
+        for node, devs in placement.items():
+            owners = self.owner[node]
+            for d in devs:
+                owners[d] = job.id
+            self._node_views.pop(node, None)
+        job.placement = {n: tuple(d) for n, d in placement.items()}
+        job.held = sum(len(d) for d in placement.values())
+        self.allocated += job.held
+
+    def _release(self, job: SimJob) -> None:
+        for node, devs in job.placement.items():
+            owners = self.owner[node]
+            for d in devs:
+                if owners.pop(d, None) != job.id:
+                    raise AssertionError(f"{job.id} released device {d} of {node} it did not hold")
+            self._node_views.pop(node, None)
+        self.allocated -= job.held
+        job.placement = {}
+        job.held = 0
+
+
+# ---------------------------------------------------------------------- building and the CLI
+
+
+def make_policy(name: str, sim: Simulator, overhead_s: float) -> Policy:
+    """The named policy, wired to the simulator where it needs per-job knowledge."""
+    if name == "singularity":
+        return SingularityPolicy(PolicyConfig(overhead_s=overhead_s))
+    if name == "fifo":
+        return fifo_gang_policy
+    if name == "fifo-backfill":
+        return fifo_backfill_policy
+    if name == "tiresias":
+        return TiresiasPolicy(sim.attained)
+    if name == "srtf":
+        return SRTFPolicy(sim.remaining)
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+
+
+def simulate(
+    jobs: Sequence[TraceJob],
+    policy: str = "singularity",
+    gpus: int = 256,
+    gpus_per_node: int = 8,
+    overhead_s: float = 30.0,
+    seed: int = 0,
+) -> SimReport:
+    """Run one named policy over ``jobs`` and return its report."""
+    sim = Simulator(jobs, gpus, gpus_per_node, overhead_s, policy_name=policy, seed=seed)
+    sim.policy = make_policy(policy, sim, overhead_s)
+    sim.wake_after_move_s = getattr(sim.policy, "min_move_interval_s", None)
+    return sim.run()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``simulate`` arguments, for wiring into another command line as a subcommand."""
+    parser.add_argument("trace", metavar="TRACE", help="CSV with submit_s,duration_s,num_gpus,vc")
+    parser.add_argument("--gpus", type=int, default=256, help="devices in the cluster (default 256)")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="devices per node (default 8)")
+    parser.add_argument("--policy", choices=POLICIES, default="singularity")
+    parser.add_argument("--overhead-s", type=float, default=30.0, help="cost of each preemption/migration/resize")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the tier assignment")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run_args(args: argparse.Namespace) -> int:
+    jobs = load_trace(args.trace, seed=args.seed)
+    report = simulate(jobs, args.policy, args.gpus, args.gpus_per_node, args.overhead_s, args.seed)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(format_report(report))
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``simulate TRACE [--gpus N] [--gpus-per-node 8] [--policy P] [--overhead-s X] [--seed S] [--json]``."""
+    parser = argparse.ArgumentParser(prog="simulate", description="Replay a job trace through a scheduling policy.")
+    add_arguments(parser)
+    return run_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
