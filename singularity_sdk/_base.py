@@ -16,10 +16,10 @@ from typing import Any, Callable, Optional, Union
 import httpx
 
 from .config import resolve
-from .errors import APIError, AuthError, Conflict, InvalidRequest, JobCancelled, JobFailed, JobNotFound, ServerUnreachable
+from .errors import APIError, CheckpointFailed, AuthError, Conflict, InvalidRequest, JobCancelled, JobFailed, JobNotFound, ServerUnreachable
 from pydantic import ValidationError
 
-from .protocol import API_PREFIX, SLA, EventType, JobInfo, JobState, SubmitRequest, describe_validation_error
+from .protocol import API_PREFIX, SLA, Event, EventType, JobInfo, JobState, SubmitRequest, describe_validation_error
 
 TERMINAL_EVENTS = {EventType.SUCCEEDED, EventType.FAILED, EventType.CANCELLED}
 Code = Union[str, Path, Callable[..., Any]]
@@ -168,3 +168,11 @@ class JobBase:
         import cloudpickle
 
         return cloudpickle.loads(base64.b64decode(blob))
+
+
+def control_done(job_id: str, goal: EventType, ev: "Event") -> bool:
+    """Whether ``ev`` settles a preempt/checkpoint request waiting for ``goal``; raises
+    ``CheckpointFailed`` when the job answered with an error instead."""
+    if ev.type == EventType.CHECKPOINT_FAILED:
+        raise CheckpointFailed(job_id, str(ev.data.get("error")), ev.data.get("variables"))
+    return ev.type == goal or ev.type in TERMINAL_EVENTS

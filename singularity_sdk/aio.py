@@ -11,9 +11,9 @@ import httpx
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
-from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase
+from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase, control_done
 from .errors import WaitTimeout
-from .protocol import SLA, Event, JobInfo, JobState, NodeInfo
+from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
 
 
 class AsyncJob(JobBase):
@@ -56,10 +56,45 @@ class AsyncJob(JobBase):
         except (OSError, ConnectionClosed) as exc:
             raise self._client.unreachable(exc) from None
 
-    async def cancel(self, reason: str = "") -> "AsyncJob":
-        raw = await self._client._post(f"/jobs/{self.id}/cancel", {"reason": reason} if reason else {})
+    async def _action(self, action: str, reason: str = "") -> "AsyncJob":
+        raw = await self._client._post(f"/jobs/{self.id}/{action}", {"reason": reason} if reason else {})
         self.info = JobInfo.model_validate(raw)
         return self
+
+    async def _await_event(self, since: int, goal: EventType, timeout: Optional[float]) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        async for ev in self.events(since=since):
+            if control_done(self.id, goal, ev):
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeout(f"job {self.id}: no {goal.value} within {timeout}s")
+        await self.refresh()
+
+    async def preempt(self, reason: str = "", wait: bool = True, timeout: Optional[float] = None) -> "AsyncJob":
+        """Checkpoint at the next safe point and stop, freeing the devices.
+
+        With ``wait``, returns once the job is PREEMPTED (or ended first); raises
+        ``CheckpointFailed`` naming what could not be saved, in which case the job runs on."""
+        since = (await self.refresh()).info.last_seq
+        await self._action("preempt", reason)
+        if wait:
+            await self._await_event(since, EventType.PREEMPTED, timeout)
+        return self
+
+    async def resume(self) -> "AsyncJob":
+        """Queue a preempted job again; it continues from its newest checkpoint."""
+        return await self._action("resume")
+
+    async def checkpoint(self, wait: bool = True, timeout: Optional[float] = None) -> "AsyncJob":
+        """Take a checkpoint now (at the next safe point); the job keeps running."""
+        since = (await self.refresh()).info.last_seq
+        await self._action("checkpoint")
+        if wait:
+            await self._await_event(since, EventType.CHECKPOINTED, timeout)
+        return self
+
+    async def cancel(self, reason: str = "") -> "AsyncJob":
+        return await self._action("cancel", reason)
 
 
 class AsyncClient(BaseClient):

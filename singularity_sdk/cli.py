@@ -11,7 +11,7 @@ from typing import Any, Optional
 from .client import Client, Job
 from .errors import SingularityError
 from .protocol import SLA, EventType, JobState
-from .render import format_event, job_row, table
+from .render import describe, format_event, job_row, table
 
 SLA_CHOICES = [s.value for s in SLA]
 
@@ -132,6 +132,37 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_preempt(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        job = c.get(args.job).preempt(args.reason or "", wait=not args.no_wait)
+    last = _last_event(job, EventType.PREEMPTED)
+    print(f"{job.id}: {job.state.value}" + (f" ({describe(last)})" if last else ""))
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        job = c.get(args.job).resume()
+    print(f"{job.id}: {job.state.value}")
+    return 0
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        job = c.get(args.job).checkpoint(wait=not args.no_wait)
+    last = _last_event(job, EventType.CHECKPOINTED)
+    print(f"{job.id}: " + (describe(last) if last and not args.no_wait else "checkpoint requested"))
+    return 0
+
+
+def _last_event(job: Job, etype: EventType):
+    found = None
+    for ev in job.events(follow=False):
+        if ev.type == etype:
+            found = ev
+    return found
+
+
 def cmd_nodes(args: argparse.Namespace) -> int:
     with _client(args) as c:
         nodes = c.nodes()
@@ -221,6 +252,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reason", default=None)
     s.add_argument("--no-wait", action="store_true", help="return once the request is accepted")
     s.set_defaults(fn=cmd_cancel)
+
+    s = sub.add_parser("preempt", help="checkpoint a running job and stop it, freeing its devices")
+    s.add_argument("job")
+    s.add_argument("--reason", default=None)
+    s.add_argument("--no-wait", action="store_true")
+    s.set_defaults(fn=cmd_preempt)
+
+    s = sub.add_parser("resume", help="queue a preempted job again; it continues where it stopped")
+    s.add_argument("job")
+    s.set_defaults(fn=cmd_resume)
+
+    s = sub.add_parser("checkpoint", help="take a checkpoint now; the job keeps running")
+    s.add_argument("job")
+    s.add_argument("--no-wait", action="store_true")
+    s.set_defaults(fn=cmd_checkpoint)
 
     s = sub.add_parser("nodes", help="list nodes and their devices")
     s.add_argument("--json", action="store_true")

@@ -10,9 +10,9 @@ import httpx
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase
+from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase, control_done
 from .errors import WaitTimeout
-from .protocol import SLA, Event, JobInfo, JobState, NodeInfo
+from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
 
 
 class Job(JobBase):
@@ -60,9 +60,45 @@ class Job(JobBase):
         except (OSError, ConnectionClosed) as exc:
             raise self._client.unreachable(exc) from None
 
-    def cancel(self, reason: str = "") -> "Job":
-        self.info = JobInfo.model_validate(self._client._post(f"/jobs/{self.id}/cancel", {"reason": reason} if reason else {}))
+    def _action(self, action: str, reason: str = "") -> "Job":
+        raw = self._client._post(f"/jobs/{self.id}/{action}", {"reason": reason} if reason else {})
+        self.info = JobInfo.model_validate(raw)
         return self
+
+    def _await_event(self, since: int, goal: EventType, timeout: Optional[float]) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for ev in self.events(since=since):
+            if control_done(self.id, goal, ev):
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeout(f"job {self.id}: no {goal.value} within {timeout}s")
+        self.refresh()
+
+    def preempt(self, reason: str = "", wait: bool = True, timeout: Optional[float] = None) -> "Job":
+        """Checkpoint at the next safe point and stop, freeing the devices.
+
+        With ``wait``, returns once the job is PREEMPTED (or ended first); raises
+        ``CheckpointFailed`` naming what could not be saved, in which case the job runs on."""
+        since = (self.refresh()).info.last_seq
+        self._action("preempt", reason)
+        if wait:
+            self._await_event(since, EventType.PREEMPTED, timeout)
+        return self
+
+    def resume(self) -> "Job":
+        """Queue a preempted job again; it continues from its newest checkpoint."""
+        return self._action("resume")
+
+    def checkpoint(self, wait: bool = True, timeout: Optional[float] = None) -> "Job":
+        """Take a checkpoint now (at the next safe point); the job keeps running."""
+        since = (self.refresh()).info.last_seq
+        self._action("checkpoint")
+        if wait:
+            self._await_event(since, EventType.CHECKPOINTED, timeout)
+        return self
+
+    def cancel(self, reason: str = "") -> "Job":
+        return self._action("cancel", reason)
 
 
 class Client(BaseClient):

@@ -57,3 +57,15 @@ class JobCancelled(SingularityError):
 
 class WaitTimeout(SingularityError, TimeoutError):
     pass
+
+
+class CheckpointFailed(SingularityError):
+    """A checkpoint (or the preemption that needed it) could not be taken; the job runs on.
+
+    ``variables`` lists ``[name, type]`` of what could not be captured."""
+
+    def __init__(self, job_id: str, error: str, variables: Optional[list] = None):
+        super().__init__(f"job {job_id}: checkpoint failed, the job keeps running: {error}")
+        self.job_id = job_id
+        self.error = error
+        self.variables = variables or []

@@ -18,6 +18,8 @@ API_PREFIX = "/api/v1"
 MAX_CODE_BYTES = 4 * 1024 * 1024
 #: Largest pickled result the server keeps for ``job.result()``.
 MAX_RESULT_BYTES = 32 * 1024 * 1024
+#: A worker exits with this code after writing the checkpoint it was asked to stop at.
+EXIT_PREEMPTED = 75
 
 
 class JobState(str, enum.Enum):

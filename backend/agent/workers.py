@@ -19,12 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from singularity_sdk.protocol import DeviceInfo, EventType, StartJob
+from singularity_sdk.protocol import EXIT_PREEMPTED, DeviceInfo, EventType, StartJob
 
 Emit = Callable[[EventType, dict[str, Any]], None]
-
-#: A worker exits with this code after writing a checkpoint it was asked to stop at.
-EXIT_PREEMPTED = 75
 LINE_LIMIT = 1 << 20
 
 
@@ -156,7 +153,7 @@ class JobRun:
             data["stopped"] = self.stopping
         if error:
             data["error"] = error
-        elif code != 0 and not self.stopping:
+        elif code not in (0, EXIT_PREEMPTED) and not self.stopping:
             data["error"] = _exit_description(code)
         self.emit(EventType.WORKER_EXITED, data)
 

@@ -139,10 +139,16 @@ class JobActionHandler(ApiHandler):
     def post(self, job_id: str, action: str) -> None:
         def run() -> None:
             body = self.parse(JobAction)
-            if action == "cancel":
-                self.send(self.service.cancel(self.user, job_id, body.reason or ""))
-            else:
-                raise ServiceError(404, f"unknown action '{action}'; valid: cancel", "action")
+            svc, reason = self.service, body.reason or ""
+            handlers = {
+                "cancel": lambda: svc.cancel(self.user, job_id, reason),
+                "preempt": lambda: svc.preempt(self.user, job_id, reason),
+                "resume": lambda: svc.resume(self.user, job_id),
+                "checkpoint": lambda: svc.checkpoint(self.user, job_id, reason),
+            }
+            if action not in handlers:
+                raise ServiceError(404, f"unknown action '{action}'; valid: {', '.join(handlers)}", "action")
+            self.send(handlers[action]())
         self._handle(run)
 
 

@@ -20,11 +20,13 @@ from pydantic import BaseModel
 from backend.scheduler.fifo import fifo_policy
 from backend.scheduler.types import Action, JobView, NodeView, Place, Snapshot
 from singularity_sdk.protocol import (
+    EXIT_PREEMPTED,
     MAX_CODE_BYTES,
     MAX_RESULT_BYTES,
     AgentEvent,
     AgentHeartbeat,
     AgentHello,
+    CheckpointJob,
     Event,
     EventType,
     JobInfo,
@@ -45,14 +47,7 @@ from .store import Store
 log = logging.getLogger("singularity.server")
 
 #: Agent events that only add to the log (no state change), accepted for the current attempt.
-PASS_THROUGH = {
-    EventType.LOG,
-    EventType.PROGRESS,
-    EventType.TELEMETRY,
-    EventType.CHECKPOINT_STARTED,
-    EventType.CHECKPOINTED,
-    EventType.CHECKPOINT_FAILED,
-}
+PASS_THROUGH = {EventType.LOG, EventType.PROGRESS, EventType.TELEMETRY, EventType.CHECKPOINT_STARTED}
 
 
 class ServiceError(Exception):
@@ -250,7 +245,8 @@ class Service:
                 self.store.update_job(job_id, state=JobState.CANCELLED.value, ended_at=time.time())
                 events.append(self._emit(job_id, EventType.CANCELLED, data))
             elif row["stop_reason"] != "cancel":
-                self.store.update_job(job_id, stop_reason="cancel")
+                self.store.update_job(job_id, stop_reason="cancel", state=JobState.RUNNING.value
+                                      if info.state == JobState.PREEMPTING else info.state.value)
                 events.append(self._emit(job_id, EventType.CANCEL_REQUESTED, data))
         self._publish(user, events)
         if info.state.holds_devices:
@@ -258,6 +254,44 @@ class Service:
         else:
             self._schedule_hook()
         return self.store.job_info(job_id)
+
+    def preempt(self, user: str, job_id: str, reason: str = "", by: Optional[str] = None) -> JobInfo:
+        """Ask the job's ranks to checkpoint at their next safe point and exit; devices are
+        freed when all have. A checkpoint that fails leaves the job running (event says why)."""
+        info = self._require(user, job_id, JobState.RUNNING, "preempted")
+        detail = {"reason": reason or "preempted by user", "by": by or user}
+        with self.store.tx():
+            self.store.update_job(job_id, state=JobState.PREEMPTING.value, stop_reason="preempt",
+                                  stop_detail_json=json.dumps(detail), moved_at=time.time())
+            ev = self._emit(job_id, EventType.PREEMPTING, detail)
+        self._publish(info.user, [ev])
+        self._checkpoint_everywhere(info, "stop", detail["reason"])
+        return self.store.job_info(job_id)
+
+    def resume(self, user: str, job_id: str) -> JobInfo:
+        """Put a preempted job back in the queue; it continues from its newest checkpoint."""
+        info = self._require(user, job_id, JobState.PREEMPTED, "resumed")
+        with self.store.tx():
+            self.store.update_job(job_id, state=JobState.QUEUED.value, placement_json="[]")
+        self._schedule_hook()
+        return self.store.job_info(job_id)
+
+    def checkpoint(self, user: str, job_id: str, reason: str = "") -> JobInfo:
+        """A checkpoint at the next safe point; the job keeps running."""
+        info = self._require(user, job_id, JobState.RUNNING, "checkpointed")
+        self._checkpoint_everywhere(info, "continue", reason or f"requested by {user}")
+        return info
+
+    def _require(self, user: str, job_id: str, state: JobState, verb: str) -> JobInfo:
+        info = self.job(user, job_id)
+        if info.state != state:
+            raise ServiceError(409, f"job {job_id} is {info.state.value}; only a {state.value} job can be {verb}",
+                               "job_id")
+        return info
+
+    def _checkpoint_everywhere(self, info: JobInfo, then: str, reason: str) -> None:
+        for p in info.placement:
+            self._send(p.node, CheckpointJob(job_id=info.id, attempt=info.attempt, then=then, reason=reason))
 
     def _stop_everywhere(self, info: JobInfo, reason: str) -> None:
         for p in info.placement:
@@ -351,6 +385,18 @@ class Service:
 
         if ae.type in PASS_THROUGH:
             emit(ae.type, ae.data, ae.time)
+        elif ae.type == EventType.CHECKPOINTED:
+            self.store.update_job(ae.job_id, last_checkpoint_json=json.dumps({**ae.data, "time": ae.time}))
+            emit(ae.type, ae.data, ae.time)
+        elif ae.type == EventType.CHECKPOINT_FAILED:
+            emit(ae.type, ae.data, ae.time)
+            if state == JobState.PREEMPTING and row["stop_reason"] == "preempt":
+                # The preemption is answered with the error; the job runs on untouched.
+                self.store.update_job(ae.job_id, state=JobState.RUNNING.value, stop_reason=None,
+                                      stop_detail_json=None)
+        elif ae.type == EventType.RESUMED:
+            emit(ae.type, {**ae.data, "node": node, "attempt": ae.attempt,
+                           "placement": json.loads(row["placement_json"])}, ae.time)
         elif ae.type == EventType.STARTED:
             if row["started_at"] is None:
                 self.store.update_job(ae.job_id, started_at=ae.time)
@@ -379,7 +425,7 @@ class Service:
         exited[str(rank)] = code
         updates: dict[str, Any] = {"exited_json": json.dumps(exited)}
         stop_reason = row["stop_reason"]
-        if code != 0 and stop_reason is None:
+        if code not in (0, EXIT_PREEMPTED) and stop_reason in (None, "preempt"):
             # First failure: remember why, stop the other ranks, finish once all are down.
             tb = ae.data.get("error") or f"rank {rank} exited with code {code}"
             updates.update(stop_reason="failed", error=tb)
@@ -388,15 +434,23 @@ class Service:
             followups.append(lambda info=info: self._stop_everywhere(info, "another rank failed"))
         if len(exited) >= row["ranks"]:
             now = time.time()
+            codes = set(exited.values())
             if stop_reason == "cancel":
                 final, etype, data = JobState.CANCELLED, EventType.CANCELLED, {"reason": "workers stopped"}
+            elif stop_reason == "preempt" and EXIT_PREEMPTED in codes and codes <= {0, EXIT_PREEMPTED}:
+                ckpt = json.loads(self.store.job_row(job_id)["last_checkpoint_json"] or "{}")
+                detail = json.loads(row["stop_detail_json"] or "{}")
+                final, etype = JobState.PREEMPTED, EventType.PREEMPTED
+                data = {**detail, "step": ckpt.get("step"), "bytes": ckpt.get("bytes"), "checkpoint": ckpt.get("path")}
             elif stop_reason == "failed":
                 err = updates.get("error", row["error"])
                 final, etype, data = JobState.FAILED, EventType.FAILED, {"error": err}
             else:
                 final, etype, data = JobState.SUCCEEDED, EventType.SUCCEEDED, {
                     "seconds": round(now - (row["started_at"] or now), 3)}
-            updates.update(state=final.value, ended_at=now)
+            updates.update(state=final.value, stop_reason=None, stop_detail_json=None)
+            if final.is_terminal:
+                updates["ended_at"] = now
             self.store.update_job(job_id, **updates)
             emit(etype, data)
             followups.append(self._schedule_hook)
@@ -510,6 +564,7 @@ class Service:
                 master_addr="127.0.0.1", master_port=master_port,
                 source=row["source"], callable_b64=row["callable_b64"], filename=row["filename"],
                 env=json.loads(row["env_json"]), checkpoint_every=row["checkpoint_every"],
+                restore=json.loads(row["last_checkpoint_json"])["path"] if row["last_checkpoint_json"] else None,
             )
             if not self._send(node, msg):
                 info = self.store.job_info(action.job_id)
