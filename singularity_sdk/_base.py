@@ -9,6 +9,7 @@ import base64
 import inspect
 import os
 import site
+import warnings
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
@@ -69,10 +70,13 @@ class BaseClient:
     @staticmethod
     def submit_body(code: Code, args: tuple, kwargs: Optional[dict], *, gpus: int, sla: Union[str, SLA],
                     name: Optional[str], ranks: Optional[int], checkpoint_every: Optional[float],
-                    env: Optional[dict[str, str]], filename: Optional[str]) -> dict[str, Any]:
+                    env: Optional[dict[str, str]], filename: Optional[str],
+                    inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None) -> dict[str, Any]:
         """Build a validated submit request from a source string, a script path or a callable."""
         fields: dict[str, Any] = dict(gpus=gpus, sla=sla, name=name, ranks=ranks,
-                                      checkpoint_every=checkpoint_every, env=env or {})
+                                      checkpoint_every=checkpoint_every, env=env or {}, outputs=list(outputs or []))
+        if inputs:
+            fields["inputs_b64"] = base64.b64encode(pickle_inputs(inputs)).decode()
         if isinstance(code, Path):
             fields.update(source=code.read_text(), filename=filename or code.name, name=name or code.stem)
         elif isinstance(code, str):
@@ -120,6 +124,22 @@ def pickle_callable(fn: Callable[..., Any], args: tuple, kwargs: Optional[dict])
             cloudpickle.unregister_pickle_by_value(module)
 
 
+def pickle_inputs(inputs: dict[str, Any]) -> bytes:
+    """cloudpickle the variables a job starts with; name every one that cannot be sent."""
+    import cloudpickle
+
+    bad = []
+    for name, value in inputs.items():
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:
+            bad.append(f"{name} ({type(value).__name__}: {exc})")
+    if bad:
+        raise InvalidRequest(422, "these variables cannot be sent with the job: " + "; ".join(bad)
+                             + ". Re-create them inside the job instead.", "inputs")
+    return cloudpickle.dumps(dict(inputs))
+
+
 def _callable_file(fn: Callable[..., Any]) -> str:
     try:
         return os.path.basename(inspect.getsourcefile(fn) or "<callable>")
@@ -165,6 +185,20 @@ class JobBase:
         blob = payload.get("pickle_b64")
         if blob is None:
             return None
+        import cloudpickle
+
+        return cloudpickle.loads(base64.b64decode(blob))
+
+    def _outputs(self, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.state != JobState.SUCCEEDED:
+            self._outcome(payload)  # raises the right error
+        skipped = payload.get("outputs_skipped") or {}
+        if skipped:
+            warnings.warn("not returned from job " + self.id + ": "
+                          + "; ".join(f"{k}: {v}" for k, v in skipped.items()), stacklevel=3)
+        blob = payload.get("outputs_b64")
+        if blob is None:
+            return {}
         import cloudpickle
 
         return cloudpickle.loads(base64.b64decode(blob))

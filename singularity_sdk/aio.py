@@ -37,6 +37,11 @@ class AsyncJob(JobBase):
         await self.wait(timeout)
         return self._outcome(await self._client._get(f"/jobs/{self.id}/result"))
 
+    async def outputs(self, timeout: Optional[float] = None) -> dict[str, Any]:
+        """The final values of the names passed as ``outputs=`` at submit (waits for the end)."""
+        await self.wait(timeout)
+        return self._outputs(await self._client._get(f"/jobs/{self.id}/result"))
+
     async def logs(self) -> str:
         return await self._client._get(f"/jobs/{self.id}/logs")
 
@@ -119,9 +124,11 @@ class AsyncClient(BaseClient):
     async def submit(self, code: Code, *args: Any, gpus: int = 1, sla: Union[str, SLA] = "standard",
                      name: Optional[str] = None, ranks: Optional[int] = None,
                      checkpoint_every: Optional[float] = None, env: Optional[dict[str, str]] = None,
-                     filename: Optional[str] = None, kwargs: Optional[dict[str, Any]] = None) -> AsyncJob:
+                     filename: Optional[str] = None, kwargs: Optional[dict[str, Any]] = None,
+               inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None) -> AsyncJob:
         body = self.submit_body(code, args, kwargs, gpus=gpus, sla=sla, name=name, ranks=ranks,
-                                checkpoint_every=checkpoint_every, env=env, filename=filename)
+                                checkpoint_every=checkpoint_every, env=env, filename=filename,
+                                inputs=inputs, outputs=outputs)
         return AsyncJob(self, JobInfo.model_validate(await self._post("/jobs", body)))
 
     async def get(self, job_id: str) -> AsyncJob:

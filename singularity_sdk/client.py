@@ -40,6 +40,11 @@ class Job(JobBase):
         self.wait(timeout)
         return self._outcome(self._client._get(f"/jobs/{self.id}/result"))
 
+    def outputs(self, timeout: Optional[float] = None) -> dict[str, Any]:
+        """The final values of the names passed as ``outputs=`` at submit (waits for the end)."""
+        self.wait(timeout)
+        return self._outputs(self._client._get(f"/jobs/{self.id}/result"))
+
     def logs(self) -> str:
         return self._client._get(f"/jobs/{self.id}/logs")
 
@@ -128,10 +133,12 @@ class Client(BaseClient):
     def submit(self, code: Code, *args: Any, gpus: int = 1, sla: Union[str, SLA] = "standard",
                name: Optional[str] = None, ranks: Optional[int] = None, checkpoint_every: Optional[float] = None,
                env: Optional[dict[str, str]] = None, filename: Optional[str] = None,
-               kwargs: Optional[dict[str, Any]] = None) -> Job:
+               kwargs: Optional[dict[str, Any]] = None,
+               inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None) -> Job:
         """Submit source code (str), a script (pathlib.Path) or a callable with ``*args``/``kwargs``."""
         body = self.submit_body(code, args, kwargs, gpus=gpus, sla=sla, name=name, ranks=ranks,
-                                checkpoint_every=checkpoint_every, env=env, filename=filename)
+                                checkpoint_every=checkpoint_every, env=env, filename=filename,
+                                inputs=inputs, outputs=outputs)
         return Job(self, JobInfo.model_validate(self._post("/jobs", body)))
 
     def get(self, job_id: str) -> Job:

@@ -18,6 +18,8 @@ API_PREFIX = "/api/v1"
 MAX_CODE_BYTES = 4 * 1024 * 1024
 #: Largest pickled result the server keeps for ``job.result()``.
 MAX_RESULT_BYTES = 32 * 1024 * 1024
+#: Largest pickled set of notebook variables sent with a job (``inputs_b64``).
+MAX_INPUTS_BYTES = 64 * 1024 * 1024
 #: A worker exits with this code after writing the checkpoint it was asked to stop at.
 EXIT_PREEMPTED = 75
 
@@ -115,6 +117,12 @@ class SubmitRequest(Strict):
         None, description="base64 of cloudpickle.dumps((fn, args, kwargs))"
     )
     filename: str = Field("<cell>", max_length=512, description="shown in tracebacks")
+    inputs_b64: Optional[str] = Field(
+        None, description="base64 of cloudpickle.dumps({name: value}): variables the code starts with"
+    )
+    outputs: list[str] = Field(
+        default_factory=list, description="names whose final values come back (job.outputs())"
+    )
     name: Optional[str] = Field(None, max_length=128)
     gpus: int = Field(1, ge=1, le=4096, description="devices requested (logical world size)")
     ranks: Optional[int] = Field(None, ge=1, le=4096, description="processes; default one per device")
@@ -210,6 +218,10 @@ class ResultPayload(Strict):
     pickle_b64: Optional[str] = None
     repr: str = ""
     error: Optional[str] = None
+    #: base64 of cloudpickle.dumps({name: value}) for the names the job was asked to return
+    outputs_b64: Optional[str] = None
+    #: names that were asked for but could not come back, with why
+    outputs_skipped: dict[str, str] = Field(default_factory=dict)
 
 
 class ErrorBody(Strict):
@@ -281,6 +293,8 @@ class StartJob(Strict):
     source: Optional[str] = None
     callable_b64: Optional[str] = None
     filename: str = "<cell>"
+    inputs_b64: Optional[str] = None
+    outputs: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     restore: Optional[str] = Field(None, description="checkpoint to resume from")
     checkpoint_every: Optional[float] = None

@@ -163,7 +163,11 @@ class JobRun:
         err = rank_dir / "result.error"
         if not (res.exists() or err.exists()):
             return
+        outs = rank_dir / "outputs.pkl"
+        skipped = rank_dir / "outputs.skipped"
         self.emit(EventType.RESULT, {
+            "outputs_b64": base64.b64encode(outs.read_bytes()).decode() if outs.exists() else None,
+            "outputs_skipped": json.loads(skipped.read_text()) if skipped.exists() else {},
             "pickle_b64": base64.b64encode(res.read_bytes()).decode() if res.exists() else None,
             "repr": rep.read_text(errors="replace") if rep.exists() else "",
             "error": err.read_text(errors="replace") if err.exists() else None,

@@ -6,7 +6,6 @@ Jupyter server (under ``/singularity``) or served standalone.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 from typing import Any, Optional
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from singularity_sdk.protocol import (
     API_PREFIX,
     MAX_CODE_BYTES,
+    MAX_INPUTS_BYTES,
     PROTOCOL_VERSION,
     Ack,
     AgentEvents,
@@ -26,7 +26,6 @@ from singularity_sdk.protocol import (
     CreateUserRequest,
     Event,
     JobAction,
-    ResultPayload,
     SubmitRequest,
     agent_message_adapter,
     describe_validation_error,
@@ -38,7 +37,7 @@ log = logging.getLogger("singularity.server")
 
 #: Request bodies are read up to this size so that an oversize job gets a clear 413 from us
 #: rather than a dropped connection from tornado.
-MAX_BODY_BYTES = 4 * MAX_CODE_BYTES
+MAX_BODY_BYTES = 2 * MAX_INPUTS_BYTES
 
 
 def _token_from(handler: tornado.web.RequestHandler) -> Optional[str]:
@@ -172,9 +171,7 @@ class LogsHandler(ApiHandler):
 class ResultHandler(ApiHandler):
     def get(self, job_id: str) -> None:
         def run() -> None:
-            raw, rep, err = self.service.result(self.user, job_id)
-            self.send(ResultPayload(job_id=job_id, pickle_b64=base64.b64encode(raw).decode() if raw else None,
-                                    repr=rep, error=err))
+            self.send(self.service.result(self.user, job_id))
         self._handle(run)
 
 

@@ -115,8 +115,8 @@ async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int =
     agent_token = store.ensure_user("agents", "agent")
     service = Service(store, config)
     install_schedule_coalescing(service)
-    server = tornado.httpserver.HTTPServer(make_app(service), max_body_size=MAX_BODY_BYTES,
-                                           max_buffer_size=MAX_BODY_BYTES)
+    server = tornado.httpserver.HTTPServer(make_app(service), max_body_size=4 * MAX_BODY_BYTES,
+                                           max_buffer_size=4 * MAX_BODY_BYTES)
     sockets = tornado.netutil.bind_sockets(port, host)
     server.add_sockets(sockets)
     real_port = sockets[0].getsockname()[1]

@@ -22,6 +22,7 @@ from backend.scheduler.types import Action, JobView, NodeView, Place, Snapshot
 from singularity_sdk.protocol import (
     EXIT_PREEMPTED,
     MAX_CODE_BYTES,
+    MAX_INPUTS_BYTES,
     MAX_RESULT_BYTES,
     AgentEvent,
     AgentHeartbeat,
@@ -35,6 +36,7 @@ from singularity_sdk.protocol import (
     NodeState,
     Placement,
     RankSpec,
+    ResultPayload,
     StartJob,
     StopJob,
     SubmitRequest,
@@ -167,6 +169,10 @@ class Service:
                 422, f"--ranks {ranks} must divide --gpus {req.gpus} (each rank gets the same number of devices)",
                 "ranks",
             )
+        if req.inputs_b64 is not None and len(req.inputs_b64) * 3 // 4 > MAX_INPUTS_BYTES:
+            raise ServiceError(
+                413, f"the variables sent with the job are {len(req.inputs_b64) * 3 / 4e6:.1f} MB; the limit is "
+                     f"{MAX_INPUTS_BYTES / 1e6:.0f} MB. Save large objects to a file the job loads.", "inputs_b64")
         cap = self.capacity()
         if cap and req.gpus > cap:
             nodes = self.store.nodes()
@@ -187,6 +193,7 @@ class Service:
                 dict(
                     id=job_id, user=user, name=name, state=JobState.QUEUED.value, sla=req.sla.value,
                     gpus=req.gpus, ranks=ranks, source=req.source, callable_b64=req.callable_b64,
+                    inputs_b64=req.inputs_b64, outputs_json=json.dumps(req.outputs),
                     filename=req.filename, env_json=json.dumps(req.env), checkpoint_every=req.checkpoint_every,
                     created_at=now, updated_at=now,
                 )
@@ -228,10 +235,13 @@ class Service:
             return "".join(f"[rank {r}] {line}" for r, _s, line in lines)
         return "".join(line for _r, _s, line in lines)
 
-    def result(self, user: str, job_id: str) -> tuple[Optional[bytes], str, Optional[str]]:
+    def result(self, user: str, job_id: str) -> ResultPayload:
         self.job(user, job_id)
         row = self.store.job_row(job_id)
-        return row["result_pickle"], row["result_repr"] or "", row["result_error"]
+        b64 = lambda raw: base64.b64encode(raw).decode() if raw else None  # noqa: E731
+        return ResultPayload(job_id=job_id, pickle_b64=b64(row["result_pickle"]), repr=row["result_repr"] or "",
+                             error=row["result_error"], outputs_b64=b64(row["outputs_pickle"]),
+                             outputs_skipped=json.loads(row["outputs_skipped_json"] or "{}"))
 
     def cancel(self, user: str, job_id: str, reason: str = "") -> JobInfo:
         info = self.job(user, job_id)
@@ -407,7 +417,14 @@ class Service:
             err = ae.data.get("error")
             if raw is not None and len(raw) > MAX_RESULT_BYTES:
                 raw, err = None, f"the result is {len(raw) / 1e6:.1f} MB, over the {MAX_RESULT_BYTES / 1e6:.0f} MB limit; save large outputs to files instead"
-            self.store.update_job(ae.job_id, result_pickle=raw, result_repr=ae.data.get("repr", ""), result_error=err)
+            outs = ae.data.get("outputs_b64")
+            outs_raw = base64.b64decode(outs) if outs else None
+            skipped = dict(ae.data.get("outputs_skipped") or {})
+            if outs_raw is not None and len(outs_raw) > MAX_RESULT_BYTES:
+                skipped["*"] = f"the variables to return are {len(outs_raw) / 1e6:.1f} MB, over the limit"
+                outs_raw = None
+            self.store.update_job(ae.job_id, result_pickle=raw, result_repr=ae.data.get("repr", ""), result_error=err,
+                                  outputs_pickle=outs_raw, outputs_skipped_json=json.dumps(skipped))
             emit(EventType.RESULT, {"repr": (ae.data.get("repr") or "")[:2000], "bytes": len(raw or b""), "error": err},
                  ae.time)
         elif ae.type == EventType.WORKER_EXITED:
@@ -563,6 +580,7 @@ class Service:
                 job_id=action.job_id, attempt=attempt, world_size=world, local_world_size=len(specs), ranks=specs,
                 master_addr="127.0.0.1", master_port=master_port,
                 source=row["source"], callable_b64=row["callable_b64"], filename=row["filename"],
+                inputs_b64=row["inputs_b64"], outputs=json.loads(row["outputs_json"]),
                 env=json.loads(row["env_json"]), checkpoint_every=row["checkpoint_every"],
                 restore=json.loads(row["last_checkpoint_json"])["path"] if row["last_checkpoint_json"] else None,
             )

@@ -105,6 +105,34 @@ def run_callable(callable_b64: str) -> Any:
     return fn(*args, **kwargs)
 
 
+def load_inputs(inputs_b64: Optional[str], namespace: dict[str, Any]) -> None:
+    """Variables sent with the job (a notebook's names the cell reads) start in its namespace."""
+    if inputs_b64:
+        import base64
+
+        import cloudpickle
+
+        namespace.update(cloudpickle.loads(base64.b64decode(inputs_b64)))
+
+
+def save_outputs(names: list[str], namespace: dict[str, Any], out_dir: Path) -> None:
+    """Pickle the requested names that exist and can be pickled; say why for the others."""
+    import cloudpickle
+
+    values, skipped = {}, {}
+    for name in names:
+        if name not in namespace:
+            continue  # not assigned on this run (e.g. a branch not taken)
+        try:
+            cloudpickle.dumps(namespace[name])
+        except Exception as exc:
+            skipped[name] = f"{type(namespace[name]).__name__} cannot be pickled: {exc}"
+            continue
+        values[name] = namespace[name]
+    (out_dir / "outputs.pkl").write_bytes(cloudpickle.dumps(values))
+    (out_dir / "outputs.skipped").write_text(json.dumps(skipped))
+
+
 def save_result(value: Any, out_dir: Path) -> None:
     try:
         text = repr(value)
@@ -135,6 +163,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     sys.argv = [filename]
     namespace = fresh_namespace(filename)
     try:
+        load_inputs(spec.get("inputs_b64"), namespace)
         if spec.get("source") is not None:
             value = run_source(spec["source"], filename, namespace)
         else:
@@ -154,6 +183,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.stderr.flush()
     if rank == 0:
         save_result(value, out_dir)
+        if spec.get("outputs"):
+            save_outputs(spec["outputs"], namespace, out_dir)
     return 0
 
 

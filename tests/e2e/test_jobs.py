@@ -157,3 +157,26 @@ def test_multi_rank_job_lines_carry_rank(client):
     lines = sorted(job.logs().splitlines())
     assert lines == ["[rank 0] rank 0 of 2", "[rank 1] rank 1 of 2"]
     assert sum(len(p.devices) for p in job.placement) == 2
+
+
+def test_inputs_in_outputs_back(client):
+    import torch
+
+    weights = torch.arange(4.0)
+    job = client.submit("scaled = weights * factor\nlabel = f'x{factor}'\nimport threading\nlock = threading.Lock()\n"
+                        "scaled.sum().item()", inputs={"weights": weights, "factor": 3},
+                        outputs=["scaled", "label", "lock", "never_assigned"])
+    assert job.result(timeout=60) == 18.0
+    with pytest.warns(UserWarning, match="lock: lock cannot be pickled"):
+        outs = job.outputs()
+    assert set(outs) == {"scaled", "label"}
+    assert torch.equal(outs["scaled"], weights * 3) and outs["label"] == "x3"
+
+
+def test_unpicklable_input_is_named(client):
+    import threading
+
+    from singularity_sdk import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="lock"):
+        client.submit("1", inputs={"lock": threading.Lock(), "ok": 1})
