@@ -61,8 +61,10 @@ class AsyncJob(JobBase):
         except (OSError, ConnectionClosed) as exc:
             raise self._client.unreachable(exc) from None
 
-    async def _action(self, action: str, reason: str = "") -> "AsyncJob":
-        raw = await self._client._post(f"/jobs/{self.id}/{action}", {"reason": reason} if reason else {})
+    async def _action(self, action: str, reason: str = "", **body: Any) -> "AsyncJob":
+        if reason:
+            body["reason"] = reason
+        raw = await self._client._post(f"/jobs/{self.id}/{action}", body)
         self.info = JobInfo.model_validate(raw)
         return self
 
@@ -84,6 +86,16 @@ class AsyncJob(JobBase):
         await self._action("preempt", reason)
         if wait:
             await self._await_event(since, EventType.PREEMPTED, timeout)
+        return self
+
+    async def migrate(self, node: Optional[str] = None, reason: str = "", wait: bool = True,
+                      timeout: Optional[float] = None) -> "AsyncJob":
+        """Move the running job to ``node`` (or wherever the scheduler finds room): checkpoint
+        here, restore there. With ``wait``, returns once it runs again at its destination."""
+        since = (await self.refresh()).info.last_seq
+        await self._action("migrate", reason, **({"node": node} if node else {}))
+        if wait:
+            await self._await_event(since, EventType.MIGRATED, timeout)
         return self
 
     async def resume(self) -> "AsyncJob":
@@ -138,6 +150,13 @@ class AsyncClient(BaseClient):
         states = [state] if isinstance(state, (str, JobState)) else (state or [])
         raw = await self._get("/jobs", params=[("state", str(s)) for s in states])
         return [AsyncJob(self, JobInfo.model_validate(j)) for j in raw]
+
+    async def drain(self, node: str) -> NodeInfo:
+        """Admin: move every job off ``node``; it takes no new work until ``undrain``."""
+        return NodeInfo.model_validate(await self._post(f"/nodes/{node}/drain", {}))
+
+    async def undrain(self, node: str) -> NodeInfo:
+        return NodeInfo.model_validate(await self._post(f"/nodes/{node}/undrain", {}))
 
     async def nodes(self) -> list[NodeInfo]:
         return [NodeInfo.model_validate(n) for n in await self._get("/nodes")]

@@ -163,6 +163,21 @@ def _last_event(job: Job, etype: EventType):
     return found
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        job = c.get(args.job).migrate(args.to, args.reason or "", wait=not args.no_wait)
+    last = _last_event(job, EventType.MIGRATED)
+    print(f"{job.id}: {job.state.value}" + (f" ({describe(last)})" if last and not args.no_wait else ""))
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        node = c.undrain(args.node) if args.command == "undrain" else c.drain(args.node)
+    print(f"{node.name}: {node.state.value}")
+    return 0
+
+
 def cmd_nodes(args: argparse.Namespace) -> int:
     with _client(args) as c:
         nodes = c.nodes()
@@ -267,6 +282,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("job")
     s.add_argument("--no-wait", action="store_true")
     s.set_defaults(fn=cmd_checkpoint)
+
+    s = sub.add_parser("migrate", help="move a running job to another node (checkpoint, transfer, restore)")
+    s.add_argument("job")
+    s.add_argument("--to", default=None, metavar="NODE", help="destination (default: the scheduler picks)")
+    s.add_argument("--reason", default=None)
+    s.add_argument("--no-wait", action="store_true")
+    s.set_defaults(fn=cmd_migrate)
+
+    for name, helptext in (("drain", "admin: move every job off a node; it takes no new work"),
+                           ("undrain", "admin: let a drained node take work again")):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("node")
+        s.set_defaults(fn=cmd_drain)
 
     s = sub.add_parser("nodes", help="list nodes and their devices")
     s.add_argument("--json", action="store_true")

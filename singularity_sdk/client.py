@@ -65,8 +65,10 @@ class Job(JobBase):
         except (OSError, ConnectionClosed) as exc:
             raise self._client.unreachable(exc) from None
 
-    def _action(self, action: str, reason: str = "") -> "Job":
-        raw = self._client._post(f"/jobs/{self.id}/{action}", {"reason": reason} if reason else {})
+    def _action(self, action: str, reason: str = "", **body: Any) -> "Job":
+        if reason:
+            body["reason"] = reason
+        raw = self._client._post(f"/jobs/{self.id}/{action}", body)
         self.info = JobInfo.model_validate(raw)
         return self
 
@@ -88,6 +90,16 @@ class Job(JobBase):
         self._action("preempt", reason)
         if wait:
             self._await_event(since, EventType.PREEMPTED, timeout)
+        return self
+
+    def migrate(self, node: Optional[str] = None, reason: str = "", wait: bool = True,
+                timeout: Optional[float] = None) -> "Job":
+        """Move the running job to ``node`` (or wherever the scheduler finds room): checkpoint
+        here, restore there. With ``wait``, returns once it runs again at its destination."""
+        since = (self.refresh()).info.last_seq
+        self._action("migrate", reason, **({"node": node} if node else {}))
+        if wait:
+            self._await_event(since, EventType.MIGRATED, timeout)
         return self
 
     def resume(self) -> "Job":
@@ -148,6 +160,13 @@ class Client(BaseClient):
         states = [state] if isinstance(state, (str, JobState)) else (state or [])
         raw = self._get("/jobs", params=[("state", str(s)) for s in states])
         return [Job(self, JobInfo.model_validate(j)) for j in raw]
+
+    def drain(self, node: str) -> NodeInfo:
+        """Admin: move every job off ``node``; it takes no new work until ``undrain``."""
+        return NodeInfo.model_validate(self._post(f"/nodes/{node}/drain", {}))
+
+    def undrain(self, node: str) -> NodeInfo:
+        return NodeInfo.model_validate(self._post(f"/nodes/{node}/undrain", {}))
 
     def nodes(self) -> list[NodeInfo]:
         return [NodeInfo.model_validate(n) for n in self._get("/nodes")]

@@ -153,6 +153,7 @@ class JobRun:
             data["stopped"] = self.stopping
         if error:
             data["error"] = error
+            data["user_error"] = True  # the code raised: retrying would raise again
         elif code not in (0, EXIT_PREEMPTED) and not self.stopping:
             data["error"] = _exit_description(code)
         self.emit(EventType.WORKER_EXITED, data)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from .types import Action, NodeView, Place, Snapshot
 
 
-def _pick_devices(nodes: list[NodeView], free: dict[str, list[int]], gpus: int) -> dict[str, tuple[int, ...]] | None:
+def pick_devices(nodes: list[NodeView], free: dict[str, list[int]], gpus: int) -> dict[str, tuple[int, ...]] | None:
     # Best fit on a single node: the node with the fewest free devices that still fits,
     # which keeps large holes open for large jobs.
     fitting = [n for n in nodes if len(free[n.name]) >= gpus]
@@ -35,7 +35,7 @@ def fifo_policy(snapshot: Snapshot) -> list[Action]:
     free = {n.name: list(n.free) for n in nodes}
     actions: list[Action] = []
     for job in snapshot.queued():
-        placement = _pick_devices(nodes, free, job.gpus)
+        placement = pick_devices(nodes, free, job.gpus)
         if placement is None:
             break  # strict FIFO: nothing overtakes the head of the queue
         for node, devs in placement.items():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any, Optional
 
 import tornado.web
@@ -144,6 +145,7 @@ class JobActionHandler(ApiHandler):
                 "preempt": lambda: svc.preempt(self.user, job_id, reason),
                 "resume": lambda: svc.resume(self.user, job_id),
                 "checkpoint": lambda: svc.checkpoint(self.user, job_id, reason),
+                "migrate": lambda: svc.migrate(self.user, job_id, body.node, reason),
             }
             if action not in handlers:
                 raise ServiceError(404, f"unknown action '{action}'; valid: {', '.join(handlers)}", "action")
@@ -178,6 +180,17 @@ class ResultHandler(ApiHandler):
 class NodesHandler(ApiHandler):
     def get(self) -> None:
         self.send(self.service.nodes())
+
+
+class NodeActionHandler(ApiHandler):
+    def post(self, node: str, action: str) -> None:
+        def run() -> None:
+            self.parse(JobAction)
+            handlers = {"drain": self.service.drain, "undrain": self.service.undrain}
+            if action not in handlers:
+                raise ServiceError(404, f"unknown node action '{action}'; valid: {', '.join(handlers)}", "action")
+            self.send(handlers[action](self.role, node))
+        self._handle(run)
 
 
 class UsersHandler(ApiHandler):
@@ -337,6 +350,7 @@ def routes(service: Service, prefix: str = "") -> list[tuple[str, type, dict]]:
         (rf"{p}/jobs/([\w-]+)/(\w+)", JobActionHandler, kw),
         (rf"{p}/events/ws", UserEventsSocket, kw),
         (rf"{p}/nodes", NodesHandler, kw),
+        (rf"{p}/nodes/([\w.-]+)/(\w+)", NodeActionHandler, kw),
         (rf"{p}/users", UsersHandler, kw),
         (rf"{p}/agents/ws", AgentSocket, kw),
     ]
@@ -373,4 +387,7 @@ def install_schedule_coalescing(service: Service) -> None:
             pending = True
             loop.call_soon(run)
 
-    service.set_schedule_hook(hook)
+    def wake_at(when: float) -> None:
+        loop.call_later(max(0.0, when - time.time()) + 0.01, hook)
+
+    service.set_schedule_hook(hook, wake_at)

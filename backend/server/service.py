@@ -75,7 +75,10 @@ class ServiceConfig:
     heartbeat_s: float = 1.0
     node_timeout_s: float = 10.0
     max_retries: int = 3
+    retry_backoff_s: float = 0.5
     stop_grace_s: float = 1.0
+    #: cluster default for jobs that do not set checkpoint_every (None: only on request)
+    checkpoint_every: Optional[float] = None
 
 
 Policy = Callable[[Snapshot], list[Action]]
@@ -89,12 +92,15 @@ class Service:
         self.hub = Hub()
         self.links: dict[str, AgentLink] = {}
         self._schedule_hook: Callable[[], None] = self.schedule_now
+        self._wake_at: Callable[[float], None] = lambda when: None
 
     # ------------------------------------------------------------------ plumbing
 
-    def set_schedule_hook(self, hook: Callable[[], None]) -> None:
-        """Lets the asyncio layer coalesce many triggers into one scheduling round."""
+    def set_schedule_hook(self, hook: Callable[[], None], wake_at: Callable[[float], None]) -> None:
+        """Lets the asyncio layer coalesce many triggers into one scheduling round, and run
+        one at a given time (when a retry's backoff ends)."""
         self._schedule_hook = hook
+        self._wake_at = wake_at
 
     def _emit(self, job_id: str, type: EventType, data: dict[str, Any], when: Optional[float] = None) -> Event:
         return self.store.append_event(job_id, type, data, when)
@@ -265,11 +271,13 @@ class Service:
             self._schedule_hook()
         return self.store.job_info(job_id)
 
-    def preempt(self, user: str, job_id: str, reason: str = "", by: Optional[str] = None) -> JobInfo:
+    def preempt(self, user: str, job_id: str, reason: str = "", by: Optional[str] = None,
+                requeue: bool = False) -> JobInfo:
         """Ask the job's ranks to checkpoint at their next safe point and exit; devices are
-        freed when all have. A checkpoint that fails leaves the job running (event says why)."""
+        freed when all have. A checkpoint that fails leaves the job running (event says why).
+        ``requeue``: queue it again at once (scheduler and drain), instead of waiting for resume."""
         info = self._require(user, job_id, JobState.RUNNING, "preempted")
-        detail = {"reason": reason or "preempted by user", "by": by or user}
+        detail = {"reason": reason or "preempted by user", "by": by or user, "requeue": requeue}
         with self.store.tx():
             self.store.update_job(job_id, state=JobState.PREEMPTING.value, stop_reason="preempt",
                                   stop_detail_json=json.dumps(detail), moved_at=time.time())
@@ -407,6 +415,12 @@ class Service:
         elif ae.type == EventType.RESUMED:
             emit(ae.type, {**ae.data, "node": node, "attempt": ae.attempt,
                            "placement": json.loads(row["placement_json"])}, ae.time)
+            if state == JobState.MIGRATING:
+                moved = json.loads(row["migration_json"] or "{}")
+                to = ",".join(p["node"] for p in json.loads(row["placement_json"]))
+                self.store.update_job(ae.job_id, state=JobState.RUNNING.value)
+                emit(EventType.MIGRATED, {"from": moved.get("from"), "to": to, "step": ae.data.get("step"),
+                                          "seconds": round(ae.time - moved.get("requested_at", ae.time), 3)})
         elif ae.type == EventType.STARTED:
             if row["started_at"] is None:
                 self.store.update_job(ae.job_id, started_at=ae.time)
@@ -435,6 +449,7 @@ class Service:
             log.warning("agent %s sent an event type the server does not take: %s", node, ae.type)
 
     def _rank_exited(self, row, ae: AgentEvent, emit, followups: list[Callable[[], None]]) -> None:
+        """Record one rank's exit; once all ranks are down, settle the job by why it stopped."""
         job_id = row["id"]
         exited = json.loads(row["exited_json"])
         rank = int(ae.data.get("rank", 0))
@@ -442,55 +457,81 @@ class Service:
         exited[str(rank)] = code
         updates: dict[str, Any] = {"exited_json": json.dumps(exited)}
         stop_reason = row["stop_reason"]
-        if code not in (0, EXIT_PREEMPTED) and stop_reason in (None, "preempt"):
-            # First failure: remember why, stop the other ranks, finish once all are down.
-            tb = ae.data.get("error") or f"rank {rank} exited with code {code}"
-            updates.update(stop_reason="failed", error=tb)
-            stop_reason = "failed"
+        if code not in (0, EXIT_PREEMPTED) and stop_reason not in ("cancel", "failed", "crashed"):
+            # First failure: the user's code raised (fail) or the process died (retry).
+            why = ae.data.get("error") or f"rank {rank} exited with code {code}"
+            stop_reason = "failed" if ae.data.get("user_error") else "crashed"
+            updates.update(stop_reason=stop_reason, error=why)
             info = self.store.job_info(job_id)
-            followups.append(lambda info=info: self._stop_everywhere(info, "another rank failed"))
-        if len(exited) >= row["ranks"]:
-            now = time.time()
-            codes = set(exited.values())
-            if stop_reason == "cancel":
-                final, etype, data = JobState.CANCELLED, EventType.CANCELLED, {"reason": "workers stopped"}
-            elif stop_reason == "preempt" and EXIT_PREEMPTED in codes and codes <= {0, EXIT_PREEMPTED}:
-                ckpt = json.loads(self.store.job_row(job_id)["last_checkpoint_json"] or "{}")
-                detail = json.loads(row["stop_detail_json"] or "{}")
-                final, etype = JobState.PREEMPTED, EventType.PREEMPTED
-                data = {**detail, "step": ckpt.get("step"), "bytes": ckpt.get("bytes"), "checkpoint": ckpt.get("path")}
-            elif stop_reason == "failed":
-                err = updates.get("error", row["error"])
-                final, etype, data = JobState.FAILED, EventType.FAILED, {"error": err}
-            else:
-                final, etype, data = JobState.SUCCEEDED, EventType.SUCCEEDED, {
-                    "seconds": round(now - (row["started_at"] or now), 3)}
-            updates.update(state=final.value, stop_reason=None, stop_detail_json=None)
-            if final.is_terminal:
-                updates["ended_at"] = now
+            followups.append(lambda info=info: self._stop_everywhere(info, f"rank {rank} {stop_reason}"))
+        if len(exited) < row["ranks"]:
             self.store.update_job(job_id, **updates)
-            emit(etype, data)
-            followups.append(self._schedule_hook)
+            return
+        codes = set(exited.values())
+        stopped_at_checkpoint = EXIT_PREEMPTED in codes and codes <= {0, EXIT_PREEMPTED}
+        detail = json.loads(row["stop_detail_json"] or "{}")
+        updates.update(stop_reason=None, stop_detail_json=None)
+        now = time.time()
+        if stop_reason == "cancel":
+            self._settle(job_id, updates, JobState.CANCELLED, EventType.CANCELLED, {"reason": "workers stopped"}, emit)
+        elif stop_reason == "failed":
+            err = updates.get("error", row["error"])
+            self._settle(job_id, updates, JobState.FAILED, EventType.FAILED, {"error": err}, emit)
+        elif stop_reason == "crashed":
+            self.store.update_job(job_id, **updates)
+            self._retry_or_fail(row, updates.get("error", row["error"]), emit)
+        elif stop_reason == "preempt" and stopped_at_checkpoint:
+            ckpt = json.loads(self.store.job_row(job_id)["last_checkpoint_json"] or "{}")
+            self._settle(job_id, updates, JobState.QUEUED if detail.get("requeue") else JobState.PREEMPTED,
+                         EventType.PREEMPTED,
+                         {**detail, "step": ckpt.get("step"), "bytes": ckpt.get("bytes"), "checkpoint": ckpt.get("path")},
+                         emit)
+        elif stop_reason == "migrate" and stopped_at_checkpoint:
+            self.store.update_job(job_id, **updates)
+            followups.append(lambda: self._migrate_onwards(job_id, detail))
         else:
-            self.store.update_job(job_id, **updates)
+            self._settle(job_id, updates, JobState.SUCCEEDED, EventType.SUCCEEDED,
+                         {"seconds": round(now - (row["started_at"] or now), 3)}, emit)
+        followups.append(self._schedule_hook)
+
+    def _settle(self, job_id: str, updates: dict[str, Any], state: JobState, etype: EventType,
+                data: dict[str, Any], emit) -> None:
+        updates["state"] = state.value
+        if state.is_terminal:
+            updates["ended_at"] = time.time()
+        self.store.update_job(job_id, **updates)
+        emit(etype, data)
+
+    def _retry_or_fail(self, row, why: str, emit) -> None:
+        """Requeue a job whose processes died (not its code), with backoff, from its newest checkpoint."""
+        retries = row["retries"] + 1
+        if retries > self.config.max_retries:
+            err = f"{why}\n(gave up after {row['retries']} retries)"
+            self.store.update_job(row["id"], state=JobState.FAILED.value, ended_at=time.time(), error=err)
+            emit(EventType.FAILED, {"error": err})
+            return
+        delay = min(self.config.retry_backoff_s * 2 ** (retries - 1), 60.0)
+        ckpt = json.loads(row["last_checkpoint_json"] or "{}")
+        self.store.update_job(row["id"], state=JobState.QUEUED.value, retries=retries, stop_reason=None,
+                              exited_json="{}", not_before=time.time() + delay, error=None)
+        emit(EventType.RETRYING, {"attempt": row["attempt"] + 1, "why": why.strip().splitlines()[-1] if why else "",
+                                  "retries": retries, "backoff_s": delay, "from_step": ckpt.get("step")})
+        self._wake_at(time.time() + delay)
 
     def _job_lost(self, info: JobInfo, why: str) -> None:
         """Workers vanished without reporting an exit: retry or fail, and free the devices."""
         row = self.store.job_row(info.id)
         events: list[Event] = []
+
+        def emit(type: EventType, data: dict[str, Any]) -> None:
+            events.append(self._emit(info.id, type, data))
+
         with self.store.tx():
             if row["stop_reason"] == "cancel":
-                self.store.update_job(info.id, state=JobState.CANCELLED.value, ended_at=time.time())
-                events.append(self._emit(info.id, EventType.CANCELLED, {"reason": why}))
-            elif row["retries"] < self.config.max_retries:
-                self.store.update_job(info.id, state=JobState.QUEUED.value, retries=row["retries"] + 1,
-                                      stop_reason=None, exited_json="{}")
-                events.append(self._emit(info.id, EventType.RETRYING,
-                                         {"attempt": info.attempt + 1, "why": why, "retries": row["retries"] + 1}))
+                self.store.update_job(info.id, state=JobState.CANCELLED.value, ended_at=time.time(), stop_reason=None)
+                emit(EventType.CANCELLED, {"reason": why})
             else:
-                err = f"{why}; gave up after {row['retries']} retries"
-                self.store.update_job(info.id, state=JobState.FAILED.value, ended_at=time.time(), error=err)
-                events.append(self._emit(info.id, EventType.FAILED, {"error": err}))
+                self._retry_or_fail(row, why, emit)
         self._publish(info.user, events)
         self._schedule_hook()
 
@@ -527,11 +568,15 @@ class Service:
             for n in nodes_info
         )
         jobs = []
+        now = time.time()
         for row in self.store.active_job_rows():
+            if row["not_before"] is not None and row["not_before"] > now:
+                continue  # backing off before a retry
             placement = {p["node"]: tuple(p["devices"]) for p in json.loads(row["placement_json"])}
             jobs.append(
                 JobView(id=row["id"], user=row["user"], sla=row["sla"], state=JobState(row["state"]),
-                        gpus=row["gpus"], submitted_at=row["created_at"],
+                        gpus=row["gpus"], submitted_at=row["created_at"], last_moved_at=row["moved_at"],
+                        last_checkpoint_at=json.loads(row["last_checkpoint_json"] or "{}").get("time"),
                         placement=placement if JobState(row["state"]).holds_devices else {})
             )
         return Snapshot(now=time.time(), nodes=nodes, jobs=tuple(jobs))
@@ -549,11 +594,18 @@ class Service:
         row = self.store.job_row(action.job_id)
         if row is None or JobState(row["state"]) != JobState.QUEUED:
             return
+        self._start_attempt(row, action.placement, action.reason, JobState.RUNNING)
+
+    def _start_attempt(self, row, placement: dict[str, tuple[int, ...]], reason: str, state: JobState) -> None:
+        """Record a new attempt on ``placement`` and tell each agent involved to start its ranks.
+
+        The attempt number fences everything the previous attempt's processes still send."""
+        job_id = row["id"]
         attempt = row["attempt"] + 1
         world = row["ranks"]
         per_rank = row["gpus"] // world
         # Ranks take devices in placement order, so co-located ranks are contiguous.
-        flat = [(node, d) for node, devs in action.placement.items() for d in devs]
+        flat = [(node, d) for node, devs in placement.items() for d in devs]
         placements: dict[str, Placement] = {}
         rank_specs: dict[str, list[RankSpec]] = {}
         for rank in range(world):
@@ -564,30 +616,117 @@ class Service:
             p.ranks.append(rank)
             specs = rank_specs.setdefault(node, [])
             specs.append(RankSpec(rank=rank, local_rank=len(specs), devices=[d for _n, d in mine]))
-        master_port = _free_port()
+        placement_json = [p.model_dump() for p in placements.values()]
         with self.store.tx():
-            self.store.update_job(
-                action.job_id, state=JobState.RUNNING.value, attempt=attempt, stop_reason=None, exited_json="{}",
-                placement_json=json.dumps([p.model_dump() for p in placements.values()]), error=None,
-            )
-            ev = self._emit(action.job_id, EventType.SCHEDULED, {
-                "attempt": attempt, "reason": action.reason,
-                "placement": [p.model_dump() for p in placements.values()],
-            })
+            self.store.update_job(job_id, state=state.value, attempt=attempt, stop_reason=None, exited_json="{}",
+                                  placement_json=json.dumps(placement_json), error=None, not_before=None)
+            ev = self._emit(job_id, EventType.SCHEDULED,
+                            {"attempt": attempt, "reason": reason, "placement": placement_json})
         self._publish(row["user"], [ev])
+        checkpoint = json.loads(row["last_checkpoint_json"])["path"] if row["last_checkpoint_json"] else None
+        master_port = _free_port()
         for node, specs in rank_specs.items():
             msg = StartJob(
-                job_id=action.job_id, attempt=attempt, world_size=world, local_world_size=len(specs), ranks=specs,
+                job_id=job_id, attempt=attempt, world_size=world, local_world_size=len(specs), ranks=specs,
                 master_addr="127.0.0.1", master_port=master_port,
                 source=row["source"], callable_b64=row["callable_b64"], filename=row["filename"],
                 inputs_b64=row["inputs_b64"], outputs=json.loads(row["outputs_json"]),
-                env=json.loads(row["env_json"]), checkpoint_every=row["checkpoint_every"],
-                restore=json.loads(row["last_checkpoint_json"])["path"] if row["last_checkpoint_json"] else None,
+                env=json.loads(row["env_json"]), checkpoint_every=row["checkpoint_every"] or self.config.checkpoint_every,
+                restore=checkpoint,
             )
             if not self._send(node, msg):
-                info = self.store.job_info(action.job_id)
+                info = self.store.job_info(job_id)
                 self._job_lost(info, f"node {node} went away while the job was being started")
                 return
+
+    # ------------------------------------------------------------------ migration and drain
+
+    def migrate(self, user: str, job_id: str, to: Optional[str] = None, reason: str = "",
+                by: Optional[str] = None) -> JobInfo:
+        """Checkpoint the job where it runs, then restore it on ``to`` (or wherever fits)."""
+        info = self._require(user, job_id, JobState.RUNNING, "migrated")
+        sources = {p.node for p in info.placement}
+        if to is not None:
+            node = next((n for n in self.store.nodes() if n.name == to), None)
+            if node is None:
+                names = ", ".join(n.name for n in self.store.nodes())
+                raise ServiceError(404, f"no node '{to}'; nodes are: {names}", "node")
+            if to in sources:
+                raise ServiceError(409, f"job {job_id} already runs on {to}", "node")
+        target = self._find_room(info.gpus, exclude=sources, only=to)
+        if target is None:
+            where = to or "any other node"
+            raise ServiceError(409, f"{where} has no room for {info.gpus} device(s) now; free some or drain later",
+                               "node")
+        detail = {"from": ",".join(sorted(sources)), "to": to, "reason": reason or f"requested by {by or user}",
+                  "by": by or user, "requested_at": time.time()}
+        with self.store.tx():
+            self.store.update_job(job_id, state=JobState.MIGRATING.value, stop_reason="migrate",
+                                  stop_detail_json=json.dumps(detail), migration_json=json.dumps(detail),
+                                  moved_at=time.time())
+            ev = self._emit(job_id, EventType.MIGRATING, detail)
+        self._publish(info.user, [ev])
+        self._checkpoint_everywhere(info, "stop", detail["reason"])
+        return self.store.job_info(job_id)
+
+    def _find_room(self, gpus: int, exclude: set[str] = frozenset(), only: Optional[str] = None):
+        from backend.scheduler.fifo import pick_devices
+
+        snap = self.snapshot()
+        nodes = [n for n in snap.nodes if n.schedulable and n.name not in exclude and (only is None or n.name == only)]
+        return pick_devices(nodes, {n.name: list(n.free) for n in nodes}, gpus)
+
+    def _migrate_onwards(self, job_id: str, detail: dict[str, Any]) -> None:
+        """The source ranks stopped at a checkpoint: start the job at its destination."""
+        row = self.store.job_row(job_id)
+        sources = set(detail.get("from", "").split(","))
+        target = self._find_room(row["gpus"], exclude=sources, only=detail.get("to"))
+        if target is None:  # the room went away meanwhile: wait in the queue, resume anywhere
+            with self.store.tx():
+                self.store.update_job(job_id, state=JobState.QUEUED.value)
+                ev = self._emit(job_id, EventType.PREEMPTED,
+                                {"reason": "migration target is full; waiting for room", "by": "scheduler"})
+            self._publish(row["user"], [ev])
+            self._schedule_hook()
+            return
+        where = ", ".join(f"{n} {list(d)}" for n, d in target.items())
+        self._start_attempt(row, target, f"migration to {where}", JobState.MIGRATING)
+
+    def drain(self, caller_role: str, node: str) -> NodeInfo:
+        """Move every job off ``node`` and take no new work there until undrained."""
+        self._admin(caller_role, "drain")
+        self._node(node)
+        with self.store.tx():
+            self.store.set_node(node, state=NodeState.DRAINING.value)
+        for info in self.store.list_jobs(states=[JobState.RUNNING.value]):
+            if any(p.node == node for p in info.placement):
+                try:
+                    self.migrate(info.user, info.id, reason=f"node {node} is draining", by="drain")
+                except ServiceError as exc:  # no room elsewhere now: checkpoint, queue, resume when there is
+                    log.info("drain %s: %s; preempting %s instead", node, exc.message, info.id)
+                    self.preempt(info.user, info.id, reason=f"node {node} is draining (no room elsewhere)",
+                                 by="drain", requeue=True)
+        self._schedule_hook()
+        return self._node(node)
+
+    def undrain(self, caller_role: str, node: str) -> NodeInfo:
+        self._admin(caller_role, "undrain")
+        if self._node(node).state == NodeState.DRAINING:
+            with self.store.tx():
+                self.store.set_node(node, state=NodeState.READY.value)
+        self._schedule_hook()
+        return self._node(node)
+
+    def _admin(self, role: str, verb: str) -> None:
+        if role != "admin":
+            raise ServiceError(403, f"only the admin token (server.json of 'serve') may {verb} nodes")
+
+    def _node(self, name: str) -> NodeInfo:
+        for n in self.nodes():
+            if n.name == name:
+                return n
+        raise ServiceError(404, f"no node '{name}'; nodes are: {', '.join(n.name for n in self.store.nodes())}",
+                           "node")
 
 
 def _free_port() -> int:

@@ -59,6 +59,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     stop_detail_json TEXT,         -- who asked and why (for the event that closes the stop)
     last_checkpoint_json TEXT,     -- newest complete checkpoint reported by the workers
     moved_at REAL,                 -- last preemption/migration/resize (anti-thrash)
+    migration_json TEXT,           -- from, to, when of the migration in progress
+    not_before REAL,               -- a retry waits out its backoff until then
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     started_at REAL,
