@@ -27,7 +27,8 @@ def _print_json(payload: Any) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from backend.server.main import run
 
-    run(args.home, args.host, args.port, args.nodes, args.devices_per_node)
+    run(args.home, args.host, args.port, args.nodes, args.devices_per_node, args.store, args.checkpoint_every,
+        args.node_timeout)
     return 0
 
 
@@ -224,6 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=0, help="0 picks a free port (see server.json)")
     s.add_argument("--nodes", type=int, default=0, help="local node agents to start beside the server")
     s.add_argument("--devices-per-node", type=int, default=None, help="CPU slots per local node (where no GPU)")
+    s.add_argument("--store", default=None, metavar="URL",
+                   help="checkpoint store for nodes that share no filesystem (fsspec URL); local agents "
+                        "then keep separate caches")
+    s.add_argument("--checkpoint-every", type=float, default=None, metavar="SECONDS",
+                   help="cluster default for periodic checkpoints")
+    s.add_argument("--node-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="a node whose agent is silent this long is lost; its jobs resume elsewhere")
     s.set_defaults(fn=cmd_serve)
 
     sub.add_parser("agent", help="run a node agent (see 'singularityctl agent --help')", add_help=False)

@@ -24,7 +24,9 @@ from .errors import SingularityError
 
 class LocalCluster:
     def __init__(self, nodes: int = 2, devices_per_node: int = 2, *, home: Optional[Path] = None,
-                 port: int = 0, start_timeout: float = 60.0, env: Optional[dict[str, str]] = None):
+                 port: int = 0, start_timeout: float = 60.0, env: Optional[dict[str, str]] = None,
+                 store: Optional[str] = None, node_timeout: Optional[float] = None,
+                 checkpoint_every: Optional[float] = None):
         self.nodes = nodes
         self.devices_per_node = devices_per_node
         self._own_home = home is None
@@ -32,6 +34,13 @@ class LocalCluster:
         self.port = port
         self.start_timeout = start_timeout
         self.env = env or {}
+        self.extra_args: list[str] = []
+        if store:
+            self.extra_args += ["--store", store]
+        if node_timeout is not None:
+            self.extra_args += ["--node-timeout", str(node_timeout)]
+        if checkpoint_every is not None:
+            self.extra_args += ["--checkpoint-every", str(checkpoint_every)]
         self.proc: Optional[subprocess.Popen] = None
         self.url = ""
         self.token = ""
@@ -43,7 +52,8 @@ class LocalCluster:
         server_json = self.home / "server.json"
         server_json.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "singularity_sdk.cli", "serve", "--home", str(self.home), "--port",
-               str(self.port), "--nodes", str(self.nodes), "--devices-per-node", str(self.devices_per_node)]
+               str(self.port), "--nodes", str(self.nodes), "--devices-per-node", str(self.devices_per_node),
+               *self.extra_args]
         env = {**os.environ, "SINGULARITY_HOME": str(self.home), **self.env}
         self.home.mkdir(parents=True, exist_ok=True)
         log = open(self.home / "server.log", "ab")

@@ -38,6 +38,7 @@ from singularity_sdk.protocol import (
 )
 
 from .outbox import Outbox
+from .transfer import CheckpointTransfer
 from .workers import JobRun
 
 log = logging.getLogger("singularity.agent")
@@ -45,7 +46,8 @@ log = logging.getLogger("singularity.agent")
 
 class Agent:
     def __init__(self, server: str, token: str, name: str, devices: list[DeviceInfo], home: Path,
-                 checkpoint_root: Path, threads_per_slot: int = 1, orphan_timeout: Optional[float] = None):
+                 checkpoint_root: Path, threads_per_slot: int = 1, orphan_timeout: Optional[float] = None,
+                 store: Optional[str] = None):
         self.url = server.rstrip("/").replace("http://", "ws://").replace("https://", "wss://") + API_PREFIX + "/agents/ws"
         self.token = token
         self.name = name
@@ -54,6 +56,7 @@ class Agent:
         self.checkpoint_root = checkpoint_root
         self.threads_per_slot = threads_per_slot
         self.orphan_timeout = orphan_timeout
+        self.transfer = CheckpointTransfer(store, checkpoint_root) if store else None
         self.instance = uuid.uuid4().hex
         self.outbox = Outbox()
         self.runs: dict[str, JobRun] = {}
@@ -174,10 +177,15 @@ class Agent:
                 return  # a duplicate start: already running
             await old.stop("superseded by a newer attempt", 1.0)
         run_dir = self.home / "jobs" / f"{spec.job_id}-a{spec.attempt}"
-        run = JobRun(spec, run_dir, self.devices, self.threads_per_slot, self.checkpoint_root, emit=None)  # type: ignore[arg-type]
+        run = JobRun(spec, run_dir, self.devices, self.threads_per_slot, self.checkpoint_root, emit=None,  # type: ignore[arg-type]
+                     on_checkpoint=self._store_checkpoint if self.transfer else None)
         run.emit = self.emit_for(run)
         self.runs[spec.job_id] = run
         try:
+            if self.transfer is not None:
+                await asyncio.to_thread(self.transfer.fence, spec.job_id, spec.attempt)
+                if spec.restore:
+                    await asyncio.to_thread(self.transfer.download, spec.job_id)
             await run.start()
         except Exception as exc:  # cannot even spawn: report as a failed rank so the job ends
             log.exception("could not start %s", spec.job_id)
@@ -186,6 +194,14 @@ class Agent:
             run.done.set()
             return
         asyncio.create_task(self._cleanup_when_done(run))
+
+    async def _store_checkpoint(self, run: JobRun, data: dict[str, Any]) -> dict[str, Any]:
+        """Upload a committed checkpoint before reporting it, so the server only ever hears
+        of checkpoints that every node can restore."""
+        assert self.transfer is not None
+        t0 = time.monotonic()
+        remote = await asyncio.to_thread(self.transfer.upload, run.spec.job_id, run.spec.attempt, Path(data["path"]))
+        return {"store_path": remote, "upload_s": round(time.monotonic() - t0, 3)}
 
     async def _cleanup_when_done(self, run: JobRun) -> None:
         await run.done.wait()
@@ -226,11 +242,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--threads-per-slot", type=int, default=1)
     p.add_argument("--orphan-timeout", type=float, default=None,
                    help="exit (stopping workers) after this many seconds without a server")
+    p.add_argument("--store", default=None, metavar="URL",
+                   help="checkpoint store shared by all nodes (fsspec URL: file://, s3://, gs://, az://); "
+                        "without it, --checkpoint-root must be a folder every node sees")
     args = p.parse_args(argv)
     logging.basicConfig(level=os.environ.get("SINGULARITY_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     base = default_home()
     home = args.home or base / "agents" / args.name
     agent = Agent(args.server, args.token, args.name, discover(args.devices), home,
-                  args.checkpoint_root or base / "checkpoints", args.threads_per_slot, args.orphan_timeout)
+                  args.checkpoint_root or base / "checkpoints", args.threads_per_slot, args.orphan_timeout,
+                  args.store)
     asyncio.run(agent.run())

@@ -17,11 +17,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from singularity_sdk.protocol import EXIT_PREEMPTED, DeviceInfo, EventType, StartJob
 
 Emit = Callable[[EventType, dict[str, Any]], None]
+#: Runs on each committed checkpoint before it is reported (uploads it where nodes share no disk);
+#: returns extra event data, or raises to turn the report into checkpoint_failed.
+OnCheckpoint = Callable[["JobRun", dict[str, Any]], Awaitable[dict[str, Any]]]
 LINE_LIMIT = 1 << 20
 
 
@@ -37,13 +40,14 @@ class JobRun:
     """The ranks of one (job, attempt) placed on this node."""
 
     def __init__(self, spec: StartJob, run_dir: Path, devices: list[DeviceInfo], threads_per_slot: int,
-                 checkpoint_root: Path, emit: Emit):
+                 checkpoint_root: Path, emit: Emit, on_checkpoint: Optional[OnCheckpoint] = None):
         self.spec = spec
         self.run_dir = run_dir
         self.devices = {d.index: d for d in devices}
         self.threads_per_slot = threads_per_slot
         self.checkpoint_root = checkpoint_root
         self.emit = emit
+        self.on_checkpoint = on_checkpoint
         self.ranks: dict[int, RankProcess] = {}
         self.stopping: Optional[str] = None
         self.done = asyncio.Event()
@@ -134,7 +138,14 @@ class JobRun:
                 etype = EventType(msg["type"])
             except (ValueError, KeyError, TypeError):
                 continue
-            self.emit(etype, {"rank": rp.rank, **msg.get("data", {})})
+            data = {"rank": rp.rank, **msg.get("data", {})}
+            if etype == EventType.CHECKPOINTED and self.on_checkpoint is not None:
+                try:
+                    data.update(await self.on_checkpoint(self, data))
+                except Exception as exc:
+                    etype, data = EventType.CHECKPOINT_FAILED, {
+                        "rank": rp.rank, "error": f"the checkpoint was written but could not be stored: {exc}"}
+            self.emit(etype, data)
 
     async def _wait(self, rp: RankProcess) -> None:
         code = await rp.proc.wait()

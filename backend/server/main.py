@@ -52,8 +52,12 @@ def _alive_agent(pid_file: Path) -> Optional[int]:
     return pid if b"agent" in cmdline else None
 
 
-def start_local_agents(home: Path, url: str, agent_token: str, nodes: int, devices: Optional[int]) -> list[int]:
-    """Start (or adopt, after a restart) one agent process per local node."""
+def start_local_agents(home: Path, url: str, agent_token: str, nodes: int, devices: Optional[int],
+                       store: Optional[str] = None) -> list[int]:
+    """Start (or adopt, after a restart) one agent process per local node.
+
+    Without a store they share ``home/checkpoints``; with one, each keeps its own cache, as
+    nodes that share no filesystem would."""
     agents_dir = home / "agents"
     agents_dir.mkdir(parents=True, exist_ok=True)
     pids = []
@@ -62,9 +66,11 @@ def start_local_agents(home: Path, url: str, agent_token: str, nodes: int, devic
         pid_file = agents_dir / f"{name}.pid"
         pid = _alive_agent(pid_file)
         if pid is None:
+            ckpt_root = agents_dir / name / "checkpoint-cache" if store else home / "checkpoints"
             cmd = [sys.executable, "-m", "backend.agent", "--server", url, "--token", agent_token, "--name", name,
-                   "--home", str(agents_dir / name), "--checkpoint-root", str(home / "checkpoints"),
-                   "--orphan-timeout", "60"]
+                   "--home", str(agents_dir / name), "--checkpoint-root", str(ckpt_root), "--orphan-timeout", "60"]
+            if store:
+                cmd += ["--store", store]
             if devices is not None:
                 cmd += ["--devices", str(devices)]
             logf = open(home / "logs" / f"agent-{name}.log", "ab")
@@ -105,7 +111,8 @@ def stop_local_agents(home: Path, pids: list[int], timeout: float = 10.0) -> Non
 
 
 async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int = 0,
-                devices_per_node: Optional[int] = None, config: ServiceConfig = ServiceConfig()) -> None:
+                devices_per_node: Optional[int] = None, config: ServiceConfig = ServiceConfig(),
+                store_url: Optional[str] = None) -> None:
     home.mkdir(parents=True, exist_ok=True)
     (home / "logs").mkdir(exist_ok=True)
     (home / "checkpoints").mkdir(exist_ok=True)
@@ -125,7 +132,7 @@ async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int =
         "url": url, "token": token, "user": user, "agent_token": agent_token, "pid": os.getpid(),
     })
     log.info("serving on %s (home %s)", url, home)
-    agent_pids = start_local_agents(home, url, agent_token, nodes, devices_per_node) if nodes else []
+    agent_pids = start_local_agents(home, url, agent_token, nodes, devices_per_node, store_url) if nodes else []
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -165,8 +172,11 @@ def _login_name() -> str:
         return "default"
 
 
-def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node: Optional[int]) -> None:
+def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node: Optional[int],
+        store: Optional[str] = None, checkpoint_every: Optional[float] = None,
+        node_timeout: float = ServiceConfig.node_timeout_s) -> None:
     home = Path(home) if home else default_home()
     logging.basicConfig(level=os.environ.get("SINGULARITY_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(home, host, port, nodes, devices_per_node))
+    config = ServiceConfig(checkpoint_every=checkpoint_every, node_timeout_s=node_timeout)
+    asyncio.run(serve(home, host, port, nodes, devices_per_node, config, store))
