@@ -204,6 +204,12 @@ def cmd_user(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from backend.scheduler.simulator import run_args
+
+    return run_args(args) or 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -312,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_user)
+
+    s = sub.add_parser("simulate", help="replay a job trace through the scheduling policies (simulated clock)")
+    from backend.scheduler.simulator import add_arguments
+
+    add_arguments(s)
+    s.set_defaults(fn=cmd_simulate)
 
     s = sub.add_parser("demo", help="start a local cluster and run the demo training job")
     s.add_argument("--nodes", type=int, default=2)

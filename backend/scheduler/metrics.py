@@ -6,6 +6,8 @@ Definitions (docs/scheduling.md repeats them):
 - makespan = last completion - first submission.
 - allocated utilisation = device-seconds held by jobs / (devices x makespan); useful
   utilisation counts only device-seconds that made progress (held minus overhead stalls).
+- window utilisation = device-seconds held between the first and the last submission /
+  (devices x that window): how busy the cluster was while work kept arriving.
 - overhead device-hours = device-seconds held while stalled in a preemption, migration or
   resize, / 3600.
 - tier guarantee = sum over the tier's jobs of W x duration / sum of W x JCT: the fraction of
@@ -57,6 +59,7 @@ class SimReport:
     makespan_s: float
     util_allocated: float
     util_useful: float
+    util_window: float
     preemptions: int
     migrations: int
     resizes: int
@@ -82,6 +85,7 @@ def summarize(
     rejected: int,
     allocated_ds: float,
     overhead_ds: float,
+    util_window: float,
     counts: dict[str, int],
     rounds: int,
     wall_s: float,
@@ -116,6 +120,7 @@ def summarize(
         makespan_s=makespan,
         util_allocated=allocated_ds / denom,
         util_useful=(allocated_ds - overhead_ds) / denom,
+        util_window=util_window,
         preemptions=counts.get("preempt", 0),
         migrations=counts.get("migrate", 0),
         resizes=counts.get("resize", 0),
@@ -145,7 +150,8 @@ def format_report(r: SimReport) -> str:
         lines.append(f"{name:<16}{s['n']:>7}{_h(s['mean']):>10}{_h(s['median']):>10}{_h(s['p95']):>10}{_h(s['p99']):>10}")
     lines += [
         "",
-        f"makespan {_h(r.makespan_s)} h; GPU utilisation {r.util_allocated:.1%} allocated, {r.util_useful:.1%} useful",
+        f"makespan {_h(r.makespan_s)} h; GPU utilisation {r.util_allocated:.1%} allocated, {r.util_useful:.1%} useful"
+        f" ({r.util_window:.1%} allocated while jobs were arriving)",
         f"preemptions {r.preemptions}, migrations {r.migrations}, resizes {r.resizes}; "
         f"{r.overhead_gpu_hours:.1f} GPU-hours lost to overhead",
         "tier guarantee (progress received / device-time asked while in system): "

@@ -17,7 +17,7 @@ import numpy as np
 from singularity_sdk.protocol import SLA, JobState
 
 from .placement import FreeDevices, Placement
-from .tiers import RANK, PolicyConfig, effective_sla, min_devices
+from .tiers import RANK, PolicyConfig, min_devices
 from .types import Action, JobView, Migrate, Place, Preempt, Resize, Snapshot
 
 #: Capacity categories, in the order a waiting job takes them: shrink basic, preempt basic,
@@ -29,8 +29,8 @@ CATEGORY = {
     SHRINK_STANDARD: (1, "shrink"),
     PREEMPT_STANDARD: (1, "preempt"),
 }
-#: Relative cost of taking one device through each category: every category is dearer than
-#: all earlier ones together for a node's worth of devices, so the cheapest node is the one
+#: Relative cost of taking one device through each category: on a node of up to 8 devices
+#: every category is dearer than all earlier ones together, so the cheapest node is the one
 #: that needs the least of the dearest kind.
 CATEGORY_COST = np.array([1.0, 16.0, 256.0, 4096.0])
 
@@ -38,7 +38,7 @@ WAITING = frozenset({JobState.QUEUED, JobState.PREEMPTED})
 HOLDING = frozenset({JobState.RUNNING, JobState.PREEMPTING, JobState.MIGRATING, JobState.RESIZING})
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class RJob:
     """A job as the round sees it: effective tier, size limits, and where it is now."""
 
@@ -48,14 +48,18 @@ class RJob:
     sla: SLA  # effective tier (aging applied)
     rank: int
     gpus: int
-    min_p: int
+    min_p: int  # fewest devices it may be shrunk to (its effective tier's minimum)
     submitted_at: float
     ckpt: float  # newest checkpoint, else submission: the work a move would lose starts here
     placement: Placement
     held: int
     running: bool  # RUNNING (not in a transition)
     protected: bool  # moved too recently to be touched (anti-thrash)
+    #: fewest devices it may start on: an aged basic job keeps basic's freedom to start small
+    #: on spare devices, while once running it is shrunk no further than standard allows
+    start_min: int
     touched: bool = False
+    displaced: bool = False  # preempted in this round: may resume on spare devices at its end
     #: node index -> (devices freed there by shrinking to min_p, devices freed by preempting after)
     contrib: Optional[dict[int, tuple[int, int]]] = field(default=None)
 
@@ -109,29 +113,44 @@ class RoundState:
     def _read_jobs(self, views: tuple[JobView, ...]) -> None:
         now, cfg = self.now, self.config
         interval = cfg.min_move_interval_s
+        aged_before = now - cfg.aging_horizon_s
+        mins: dict[tuple[SLA, SLA, int], tuple[int, int]] = {}
+        running_state = JobState.RUNNING
         for v in views:
             st = v.state
             waiting = st in WAITING
             if not waiting and st not in HOLDING:
                 continue
-            sla = effective_sla(v.sla, v.submitted_at, now, cfg)
-            placement = dict(v.placement) if not waiting else {}
-            held = sum(len(d) for d in placement.values())
+            sla = v.sla
+            if sla == SLA.BASIC and v.submitted_at <= aged_before:
+                sla = SLA.STANDARD  # aging: see tiers.effective_sla
+            sizes = mins.get((v.sla, sla, v.gpus))
+            if sizes is None:
+                floor = min_devices(sla, v.gpus, cfg)
+                sizes = mins[(v.sla, sla, v.gpus)] = (floor, min(floor, min_devices(v.sla, v.gpus, cfg)))
+            min_p, start_min = sizes
+            # placements are replaced, never mutated, so the view's dict can be shared
+            placement = {} if waiting else v.placement
+            held = 0
+            for d in placement.values():
+                held += len(d)
             moved = v.last_moved_at
+            ckpt = v.last_checkpoint_at
             job = RJob(
-                view=v,
-                id=v.id,
-                user=v.user,
-                sla=sla,
-                rank=RANK[sla],
-                gpus=v.gpus,
-                min_p=min_devices(sla, v.gpus, cfg),
-                submitted_at=v.submitted_at,
-                ckpt=v.last_checkpoint_at if v.last_checkpoint_at is not None else v.submitted_at,
-                placement=placement,
-                held=held,
-                running=st == JobState.RUNNING,
-                protected=moved is not None and now - moved < interval,
+                v,
+                v.id,
+                v.user,
+                sla,
+                RANK[sla],
+                v.gpus,
+                min_p,
+                v.submitted_at,
+                ckpt if ckpt is not None else v.submitted_at,
+                placement,
+                held,
+                st == running_state,
+                moved is not None and now - moved < interval,
+                start_min,
             )
             self.jobs[v.id] = job
             if waiting:
@@ -139,8 +158,9 @@ class RoundState:
                 continue
             key = (job.rank, job.user)
             self.held_by[key] = self.held_by.get(key, 0) + held
+            index = self.index
             for node in placement:
-                i = self.index.get(node)
+                i = index.get(node)
                 if i is not None:
                     self.node_jobs.setdefault(i, []).append(job)
             if job.movable:
@@ -183,8 +203,9 @@ class RoundState:
 
     def take_devices(self, placement: Placement) -> None:
         for node, devs in placement.items():
-            self.free.take(node, devs)
-            self.nfree[self.index[node]] -= len(devs)
+            if node in self.free.free:  # devices on unschedulable nodes are not tracked
+                self.free.take(node, devs)
+                self.nfree[self.index[node]] -= len(devs)
 
     def _set_placement(self, job: RJob, new: Placement) -> None:
         old = job.placement
@@ -215,6 +236,8 @@ class RoundState:
         self._untrack(job)
         self._set_placement(job, {})
         job.touched = True
+        job.displaced = True
+        self.waiting.append(job)
         self.actions.append(Preempt(job.id, reason=reason))
 
     def resize(self, job: RJob, placement: Placement, reason: str) -> None:

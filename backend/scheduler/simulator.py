@@ -135,14 +135,25 @@ class Simulator:
         self.now = self.trace[0].submit if self.trace else 0.0
         self.allocated = 0
         self.allocated_ds = 0.0
+        #: the arrival window (first to last submission): utilisation there is not diluted by
+        #: the drain of the longest jobs after the last arrival
+        self.window = (self.now, self.trace[-1].submit if self.trace else self.now)
+        self.window_ds = 0.0
         self.counts = {"preempt": 0, "migrate": 0, "resize": 0, "resume": 0}
         self.rounds = 0
         self.policy_s = 0.0
         self._heap: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self._wakes: set[float] = set()
-        self.policy: Optional[Policy] = policy
-        self.wake_after_move_s: Optional[float] = getattr(policy, "min_move_interval_s", None)
+        self.policy: Optional[Policy] = None
+        self.wake_after_move_s: Optional[float] = None
+        if policy is not None:
+            self.set_policy(policy)
+
+    def set_policy(self, policy: Policy) -> None:
+        """Use ``policy``; one with an anti-thrash interval gets a round when it expires."""
+        self.policy = policy
+        self.wake_after_move_s = getattr(policy, "min_move_interval_s", None)
 
     # ------------------------------------------------------------------ lookups for baselines
 
@@ -196,6 +207,9 @@ class Simulator:
             rejected=len(self.rejected),
             allocated_ds=self.allocated_ds,
             overhead_ds=overhead_ds,
+            util_window=self.window_ds / (self.capacity * (self.window[1] - self.window[0]))
+            if self.window[1] > self.window[0]
+            else float("nan"),
             counts=self.counts,
             rounds=self.rounds,
             wall_s=time.perf_counter() - wall0,
@@ -218,6 +232,8 @@ class Simulator:
         if t < self.now:
             raise AssertionError(f"clock went back from {self.now} to {t}")
         self.allocated_ds += self.allocated * (t - self.now)
+        if self.now < self.window[1]:
+            self.window_ds += self.allocated * (min(t, self.window[1]) - self.now)
         self.now = t
 
     def _push(self, t: float, kind: int, job_id: str = "", version: int = 0) -> None:
@@ -327,9 +343,10 @@ class Simulator:
             job.materialize(t)
             self._release(job)
             self._acquire(job, a.placement)
-            job.state = JobState.RESIZING if isinstance(a, Resize) else JobState.MIGRATING
             self.counts["resize" if isinstance(a, Resize) else "migrate"] += 1
             self._stall(job, t)
+            if job.stall_until > t:  # in transition until the stall ends (a _STALL_END event)
+                job.state = JobState.RESIZING if isinstance(a, Resize) else JobState.MIGRATING
             job.last_checkpoint_at = t
             self._changed(job)
         else:
@@ -426,8 +443,7 @@ def simulate(
 ) -> SimReport:
     """Run one named policy over ``jobs`` and return its report."""
     sim = Simulator(jobs, gpus, gpus_per_node, overhead_s, policy_name=policy, seed=seed)
-    sim.policy = make_policy(policy, sim, overhead_s)
-    sim.wake_after_move_s = getattr(sim.policy, "min_move_interval_s", None)
+    sim.set_policy(make_policy(policy, sim, overhead_s))
     return sim.run()
 
 
@@ -446,10 +462,19 @@ def run_args(args: argparse.Namespace) -> int:
     jobs = load_trace(args.trace, seed=args.seed)
     report = simulate(jobs, args.policy, args.gpus, args.gpus_per_node, args.overhead_s, args.seed)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps(_finite(report.to_dict()), indent=2))
     else:
         print(format_report(report))
     return 0
+
+
+def _finite(obj):
+    """NaN (a tier with no jobs) becomes null, so that --json output is strict JSON."""
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    return obj
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -9,6 +9,8 @@ for each tier, premium, then standard, then basic:
      free devices; defragmentation; taking back from lower tiers. A standard job that still
      does not fit may shrink standard jobs of users holding more than its user (fair share).
   2. shrunk jobs of the tier grow back into idle devices (work conservation), fairest first.
+then, if devices are still free, one more pass over every tier using free devices only, in
+which victims displaced earlier in the round may resume at once (preempt + resume elsewhere).
 
 The function is pure: it reads the snapshot and returns actions in the order they must be
 applied (a Place may use devices that a Preempt/Resize/Migrate before it frees).
@@ -18,6 +20,8 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from typing import Iterator, Optional
+
+from singularity_sdk.protocol import JobState
 
 from .defrag import defragment
 from .placement import Placement, divisors, fmt_placement
@@ -53,6 +57,13 @@ def singularity_policy(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()
     for rank in (2, 1, 0):
         _Tier(state, rank).place_waiting()
         _grow(state, rank)
+    if state.free.total:
+        # devices still free at the end (a job grown onto another node freed its old ones, a
+        # victim freed more than was needed, devices no waiting job could use) go to whoever
+        # still waits and fits, victims displaced in this round included (preempt + resume
+        # elsewhere is a migration), without taking from anyone
+        for rank in (2, 1, 0):
+            _Tier(state, rank, free_only=True).place_waiting()
     return state.actions
 
 
@@ -75,14 +86,19 @@ class SingularityPolicy:
 class _Tier:
     """Places the waiting jobs of one tier."""
 
-    def __init__(self, state: RoundState, rank: int):
+    def __init__(self, state: RoundState, rank: int, free_only: bool = False):
         self.state = state
         self.rank = rank
-        self.jobs = [j for j in state.waiting if j.rank == rank]
-        #: smallest minimum size that failed every tenant-independent attempt this round: a job
-        #: needing at least as much cannot succeed either (capacity only shrinks in a round)
+        self.free_only = free_only
+        self.jobs = [
+            j for j in state.waiting if j.rank == rank and (not j.touched or (free_only and j.displaced and not j.held))
+        ]
+        #: smallest minimum size that failed every tenant-independent attempt: a job needing at
+        #: least as much cannot succeed either while free devices do not grow (free devices
+        #: and capacity to take back only shrink, except when a victim frees more than needed)
         self.fail_floor = 1 << 30
         self.fail_user: dict[str, int] = {}
+        self.fail_free = -1  # free devices when the failures above were recorded
 
     def order(self) -> Iterator[RJob]:
         """Aged jobs first (oldest first), then fair share between users, FIFO per user."""
@@ -108,39 +124,49 @@ class _Tier:
         st = self.state
         if st.free.total > 0:
             return False
-        cats = LOWER[self.rank] + ((SHRINK_STANDARD,) if self._same_tier() else ())
-        return not any(int(st.cats[c].sum()) > 0 for c in cats)
+        if self.free_only:
+            return True
+        cats = list(LOWER[self.rank] + ((SHRINK_STANDARD,) if self._same_tier() else ()))
+        return not cats or int(st.cats[cats].sum()) == 0
 
     def _same_tier(self) -> bool:
-        return self.rank == 1 and self.state.config.same_tier_shrink
+        return self.rank == 1 and self.state.config.same_tier_shrink and not self.free_only
 
     def place_waiting(self) -> None:
         if not self.jobs or self.hopeless():
             return
+        checked_at = len(self.state.actions)
         for job in self.order():
-            if self.state.free.total == 0 and self.hopeless():
-                return
+            # the answer can only change when an action changed the cluster
+            if len(self.state.actions) != checked_at:
+                checked_at = len(self.state.actions)
+                if self.hopeless():
+                    return
             self._try(job)
 
     def _try(self, job: RJob) -> bool:
         st = self.state
-        if job.min_p < self.fail_floor:
+        if st.free.total > self.fail_free >= 0:
+            self.fail_floor, self.fail_user, self.fail_free = 1 << 30, {}, -1
+        if job.start_min < self.fail_floor:
             for p in divisors(job.gpus):
-                if p < job.min_p:
+                if p < job.start_min:
                     break
                 got = self._attempt(job, p)
                 if got is not None:
                     placement, how = got
                     st.place(job, placement, _place_reason(job, placement, p, how, st))
                     return True
-            self.fail_floor = job.min_p
-        if self._same_tier() and job.min_p < self.fail_user.get(job.user, 1 << 30):
-            placement = reclaim(st, job, job.min_p, SAME_TIER)
+            self.fail_floor = job.start_min
+            self.fail_free = st.free.total
+        if self._same_tier() and job.start_min < self.fail_user.get(job.user, 1 << 30):
+            placement = reclaim(st, job, job.start_min, SAME_TIER)
             if placement is not None:
                 how = "took devices from standard jobs of users holding more (fair share)"
-                st.place(job, placement, _place_reason(job, placement, job.min_p, how, st))
+                st.place(job, placement, _place_reason(job, placement, job.start_min, how, st))
                 return True
-            self.fail_user[job.user] = job.min_p
+            self.fail_user[job.user] = job.start_min
+            self.fail_free = st.free.total
         return False
 
     def _attempt(self, job: RJob, p: int) -> Optional[tuple[Placement, str]]:
@@ -148,6 +174,8 @@ class _Tier:
         placement = st.free.pick(p)
         if placement is not None:
             return placement, "free devices"
+        if self.free_only:
+            return None
         placement = defragment(st, job, p)
         if placement is not None:
             return placement, "after migrating smaller jobs off the node (defragmentation)"
@@ -160,7 +188,12 @@ class _Tier:
 
 
 def _place_reason(job: RJob, placement: Placement, p: int, how: str, st: RoundState) -> str:
-    verb = "resumed" if job.view.state.value == "preempted" else "placed"
+    if job.displaced:
+        return (
+            f"resumed on {fmt_placement(placement)}, {p} of {job.gpus} devices, right after being displaced:"
+            f" spare devices nobody waiting could use ({job.sla} job)"
+        )
+    verb = "resumed" if job.view.state == JobState.PREEMPTED else "placed"
     tier = str(job.sla)
     if job.sla != job.view.sla:
         tier = f"{job.view.sla} aged past {st.config.aging_horizon_s / 3600:g} h, treated as {job.sla}"

@@ -5,7 +5,8 @@
   preempted only for premium work, and only when shrinking is not enough.
 - basic: runs on whatever is spare, at any divisor of W down to ``basic_min_fraction``;
   shrunk, then preempted, before anything else. A basic job in the system for longer than the
-  aging horizon is treated as standard from then on, so it cannot starve.
+  aging horizon (``now - submitted_at >= aging_horizon_s``) is treated as standard from then
+  on, waiting or running, so it cannot starve (round_state applies this when it reads jobs).
 """
 from __future__ import annotations
 
@@ -40,13 +41,6 @@ class PolicyConfig:
     defrag_margin: float = 2.0
     #: a shrunk job grows back only if the expected gain exceeds margin x the stall
     grow_margin: float = 1.0
-
-
-def effective_sla(sla: SLA, submitted_at: float, now: float, config: PolicyConfig) -> SLA:
-    """The tier a job is treated as: basic jobs are promoted to standard after the horizon."""
-    if sla == SLA.BASIC and now - submitted_at >= config.aging_horizon_s:
-        return SLA.STANDARD
-    return sla
 
 
 def min_devices(sla: SLA, gpus: int, config: PolicyConfig) -> int:
