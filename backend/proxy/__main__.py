@@ -1,0 +1,134 @@
+"""Run a script (or a pickled callable) under the device proxy, locally.
+
+    python -m backend.proxy SCRIPT --checkpoint-dir D [--restore]
+                            [--stop-at-step N | --stop-after-seconds T] [-- script args]
+
+Exit codes: 0 finished (its checkpoints are cleared), 75 stopped after a checkpoint
+(EX_TEMPFAIL: run again with --restore), 1 the script raised, 2 usage or restore error.
+Diagnostics go to stderr as ``[proxy] ...`` lines; the script alone writes stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import traceback
+import types
+from pathlib import Path
+from typing import Any, Optional
+
+EXIT_PREEMPTED = 75
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m backend.proxy", description=__doc__.split("\n\n")[0])
+    p.add_argument("script", help="a Python file, or with --callable a cloudpickle of (fn, args, kwargs)")
+    p.add_argument("--checkpoint-dir", required=True, type=Path)
+    p.add_argument("--restore", action="store_true", help="continue from the newest valid checkpoint")
+    stop = p.add_mutually_exclusive_group()
+    stop.add_argument("--stop-at-step", type=int, metavar="N", help="checkpoint and exit at safe point N")
+    stop.add_argument("--stop-after-seconds", type=float, metavar="T", help="checkpoint and exit after T s")
+    p.add_argument("--checkpoint-every", type=float, metavar="S", help="periodic checkpoints every S seconds")
+    p.add_argument("--keep", type=int, default=2, help="checkpoints to keep (default 2)")
+    p.add_argument("--callable", action="store_true", help="SCRIPT holds cloudpickle.dumps((fn, args, kwargs))")
+    p.add_argument("--print-result", action="store_true", help="print repr() of a non-None result to stdout")
+    p.add_argument("--keep-checkpoints", action="store_true", help="do not clear checkpoints on success")
+    p.add_argument("--trace", type=Path, metavar="FILE", help="write every safe point as a JSON line (slow)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    script_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1:]
+    args = p.parse_args(argv)
+    args.script_args = script_args
+    return args
+
+
+def _say(kind: str, data: Any) -> None:
+    print(f"[proxy] {kind} {json.dumps(data, default=str)}", file=sys.stderr, flush=True)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set (e.g. when called twice in one process)
+        pass
+    import cloudpickle
+
+    from . import CheckpointError, CheckpointStore, Controller, Preempted, ResumableProgram
+
+    script = Path(args.script).resolve()
+    module = types.ModuleType("__main__")
+    module.__file__ = str(script)
+    namespace = module.__dict__
+    namespace["__builtins__"] = __builtins__
+    sys.modules["__main__"] = module
+    sys.argv = [str(script)] + list(args.script_args)
+    sys.path.insert(0, str(script.parent))
+    try:
+        if args.callable:
+            fn, fargs, fkwargs = cloudpickle.loads(script.read_bytes())
+            program = ResumableProgram.from_callable(fn, fargs, fkwargs)
+        else:
+            program = ResumableProgram.from_source(script.read_text(), str(script))
+    except (OSError, SyntaxError) as e:
+        print(f"[proxy] cannot load {script}: {e}", file=sys.stderr)
+        return 2
+
+    store = CheckpointStore(args.checkpoint_dir, keep=args.keep)
+    controller = Controller(store, checkpoint_every=args.checkpoint_every, on_event=_say)
+    restore = None
+    if args.restore:
+        restore = store.latest()
+        if restore is None:
+            _say("restore", {"checkpoint": None, "note": "no valid checkpoint; starting from the beginning"})
+        else:
+            _say("restore", {"checkpoint": str(restore.path), "step": restore.step})
+    if args.stop_at_step is not None:
+        controller.checkpoint_at_step(args.stop_at_step, "stop")
+    if args.stop_after_seconds is not None:
+        timer = threading.Timer(args.stop_after_seconds, controller.request_checkpoint,
+                                kwargs={"then": "stop", "reason": "--stop-after-seconds"})
+        timer.daemon = True
+        timer.start()
+    trace_file = open(args.trace, "a") if args.trace else None
+    if trace_file is not None:
+        def trace(step: int, position: dict) -> None:
+            trace_file.write(json.dumps({"step": step, **position}) + "\n")
+
+        controller.trace_safe_points(trace)
+    try:
+        result = program.run(namespace, controller, restore=restore)
+    except Preempted as p:
+        _say("stopped", {"step": p.checkpoint.step, "path": str(p.checkpoint.path)})
+        return EXIT_PREEMPTED
+    except CheckpointError as e:
+        print(f"[proxy] restore failed: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code == 0 and not args.keep_checkpoints:
+            store.clear()
+        return code
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        if trace_file is not None:
+            trace_file.close()
+        sys.stdout.flush()
+    if args.print_result and result is not None:
+        print(repr(result), flush=True)
+    _say("finished", {"step": controller.last_step})
+    if not args.keep_checkpoints:
+        store.clear()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""The Controller: how the worker (another thread) asks a running program for checkpoints.
+
+The program only ever reads ``controller.flag`` on its hot path.  Everything that needs the slow
+path (a checkpoint request, a step-armed stop, a periodic checkpoint coming due, a progress event
+once a second, a trace) raises the flag; the next safe point then calls `_poll` under the lock.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
+
+from .store import CheckpointStore
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .runtime import Runtime
+
+log = logging.getLogger(__name__)
+Then = Literal["continue", "stop"]
+PROGRESS_INTERVAL_S = 1.0
+
+
+@dataclass
+class _Request:
+    then: str
+    reason: str
+    requested_at: float
+
+
+def _merge(a: Optional[_Request], b: _Request) -> _Request:
+    """Two pending requests become one; 'stop' wins, the earlier request time is kept (for wait_s)."""
+    if a is None:
+        return b
+    upgrade = b.then == "stop" and a.then != "stop"
+    return _Request("stop" if upgrade else a.then, b.reason if upgrade else a.reason,
+                    min(a.requested_at, b.requested_at))
+
+
+class Controller:
+    """Thread-safe checkpoint control for one rank of a running `ResumableProgram`."""
+
+    def __init__(self, store: CheckpointStore, rank: int = 0, world_size: int = 1,
+                 checkpoint_every: Optional[float] = None,
+                 on_event: Callable[[str, dict], None] = lambda type, data: None) -> None:
+        if checkpoint_every is not None and checkpoint_every <= 0:
+            raise ValueError("checkpoint_every must be positive seconds")
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.checkpoint_every = checkpoint_every
+        self.on_event = on_event
+        #: read by every safe point; True means "take the slow path at the next one"
+        self.flag = False
+        self._lock = threading.Lock()
+        self._pending: Optional[_Request] = None
+        self._at_step: Optional[tuple[int, str]] = None
+        self._progress_due = False
+        self._periodic_due = False
+        self._next_periodic = 0.0
+        self._periodic_due_at = 0.0
+        self._trace: Optional[Callable[[int, dict], None]] = None
+        self._runtime: Optional["Runtime"] = None
+        #: step of the last safe point passed by the most recent run
+        self.last_step = 0
+        #: after a restore completed: {"step", "seconds" (load to resumed), "rebuilt": [names]}
+        self.last_restore: Optional[dict[str, Any]] = None
+        self._ticker: Optional[threading.Thread] = None
+        self._stop_ticker = threading.Event()
+
+    # ------------------------------------------------------------------ public
+    def request_checkpoint(self, then: Then = "continue", reason: str = "") -> None:
+        """Checkpoint at the next safe point; ``then='stop'`` makes `run` raise `Preempted` after it."""
+        if then not in ("continue", "stop"):
+            raise ValueError("then must be 'continue' or 'stop'")
+        rt = self._runtime
+        if rt is not None and not rt.program.has_safe_points:
+            self._emit("checkpoint_failed", {
+                "error": "this program has no safe points (no loops and a single statement, or a callable "
+                         "whose source is unavailable): it cannot be checkpointed while it runs",
+                "variables": []})
+            return
+        with self._lock:
+            self._pending = _merge(self._pending, _Request(then, reason, time.monotonic()))
+            self.flag = True
+
+    def checkpoint_at_step(self, step: int, then: Then = "stop") -> None:
+        """Checkpoint at the first safe point whose step is >= ``step`` (used by the CLI and tests)."""
+        with self._lock:
+            self._at_step = (step, then)
+            self.flag = True
+
+    def trace_safe_points(self, callback: Optional[Callable[[int, dict], None]]) -> None:
+        """Call ``callback(step, position)`` at every safe point (slow: a debugging aid)."""
+        with self._lock:
+            self._trace = callback
+            self.flag = self._wants_slow_path()
+
+    # ------------------------------------------------------------------ used by the runtime
+    def _wants_slow_path(self) -> bool:
+        return (self._pending is not None or self._at_step is not None or self._trace is not None
+                or self._progress_due or self._periodic_due)
+
+    def _poll(self, rt: "Runtime") -> tuple[Optional[_Request], bool]:
+        now = time.monotonic()
+        with self._lock:
+            request, self._pending = self._pending, None
+            if self._at_step is not None and rt.step >= self._at_step[0]:
+                request = _merge(request, _Request(self._at_step[1], f"step {self._at_step[0]}", now))
+                self._at_step = None
+            if self._periodic_due:
+                self._periodic_due = False
+                if request is None:
+                    request = _Request("continue", "periodic", self._periodic_due_at)
+            progress, self._progress_due = self._progress_due, False
+            self.flag = self._wants_slow_path()
+        return request, progress
+
+    def _checkpoint_written(self) -> None:
+        if self.checkpoint_every is not None:
+            with self._lock:
+                self._next_periodic = time.monotonic() + self.checkpoint_every
+                self._periodic_due = False
+
+    def _emit(self, type_: str, data: dict[str, Any]) -> None:
+        try:
+            self.on_event(type_, data)
+        except Exception:  # a broken listener must not break the user's program
+            log.exception("on_event(%r) raised", type_)
+
+    def _attach(self, rt: "Runtime") -> None:
+        self._runtime = rt
+        now = time.monotonic()
+        if self.checkpoint_every is not None:
+            self._next_periodic = now + self.checkpoint_every
+        self._stop_ticker.clear()
+        self._ticker = threading.Thread(target=self._tick_loop, name="proxy-ticker", daemon=True)
+        self._ticker.start()
+
+    def _detach(self) -> None:
+        self._stop_ticker.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+        self._ticker = None
+        if self._runtime is not None:
+            self.last_step = self._runtime.step
+        self._runtime = None
+
+    def _tick_loop(self) -> None:
+        """Raise the flag once a second for progress and when a periodic checkpoint is due."""
+        next_progress = time.monotonic() + PROGRESS_INTERVAL_S
+        while True:
+            now = time.monotonic()
+            wake = next_progress
+            if self.checkpoint_every is not None:
+                wake = min(wake, self._next_periodic)
+            if self._stop_ticker.wait(max(0.0, wake - now)):
+                return
+            now = time.monotonic()
+            with self._lock:
+                if now >= next_progress:
+                    self._progress_due = True
+                    next_progress = now + PROGRESS_INTERVAL_S
+                if self.checkpoint_every is not None and now >= self._next_periodic:
+                    if not self._periodic_due:
+                        self._periodic_due = True
+                        self._periodic_due_at = now
+                    self._next_periodic = now + self.checkpoint_every
+                self.flag = self._wants_slow_path()

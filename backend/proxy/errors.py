@@ -1,0 +1,34 @@
+"""Exceptions the device proxy raises.
+
+`Preempted` derives from BaseException so that a user's ``except Exception:`` cannot swallow a
+preemption; the rewritten code also makes sure bare ``except:`` handlers re-raise it.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .store import CheckpointRef
+
+
+class CheckpointError(Exception):
+    """A checkpoint cannot be written or restored; the message says what to do."""
+
+
+class CheckpointFailure(CheckpointError):
+    """A checkpoint attempt failed at a safe point; the program keeps running.
+
+    ``variables`` names what could not be saved as ``[[name, type], ...]``.
+    """
+
+    def __init__(self, message: str, variables: Optional[list[list[str]]] = None) -> None:
+        super().__init__(message)
+        self.variables: list[list[str]] = variables or []
+
+
+class Preempted(BaseException):
+    """Raised out of `ResumableProgram.run` once a ``then='stop'`` checkpoint has been written."""
+
+    def __init__(self, checkpoint: "CheckpointRef") -> None:
+        super().__init__(f"preempted after checkpoint {checkpoint.path} (step {checkpoint.step})")
+        self.checkpoint = checkpoint

@@ -1,0 +1,339 @@
+"""Iterators of resumable ``for`` loops: how each is created, described and rebuilt.
+
+A loop's iterable is a tree: `Node` for ``enumerate``/``zip``/``iter`` (rebuilt from their
+children) and `Leaf` for anything else.  Each leaf gets a strategy when the loop starts:
+
+``seq``        a builtin sequence/collection, array or tensor: ``iter()`` again and skip k items
+               (O(1) via ``__setstate__`` for list/tuple/range/str/bytes/array iterators).
+``dataloader`` a ``torch.utils.data.DataLoader``: ``iter()`` again under the RNG state saved when
+               the loop began (same shuffle, same worker seeds), then with ``num_workers == 0``
+               and a map-style dataset advance only its index sampler (no batch is loaded);
+               otherwise replay k batches through the workers (exact, costs their load time).
+``iterator``   an iterator object.  At checkpoint time: saved as-is if it pickles (its position
+               is inside the pickle); else, if the loop's own expression created it (a call or a
+               generator expression whose names the loop cannot rebind), re-created by
+               re-evaluating that expression under the loop-start RNG and advanced by k
+               ``next()`` calls; else the checkpoint fails naming it (hidden state).
+``iterable``   any other iterable: ``iter()`` again under the loop-start RNG, then k ``next()``.
+
+Replays check that the skipped items drew no random numbers after the first one; if they did,
+their draws were interleaved with the loop body's and cannot be reproduced, so the restore fails
+loudly instead of resuming wrongly.
+"""
+from __future__ import annotations
+
+import array
+import builtins
+import collections
+import itertools
+import types
+import warnings
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import sampler as _samplers
+
+from . import rng
+from .errors import CheckpointError, CheckpointFailure
+
+_SEQ_TYPES = (list, tuple, range, str, bytes, bytearray, dict, set, frozenset, array.array,
+              np.ndarray, torch.Tensor, collections.deque,
+              type({}.keys()), type({}.values()), type({}.items()))
+_SETSTATE_ITERS = tuple({type(iter(x)) for x in ([], (), range(1), "", "\u20ac", b"", bytearray(),
+                                                  np.zeros(1))})
+#: builtin iterators over builtin collections: their pickle holds their position and they draw no RNG
+_POSITION_ITERS = _SETSTATE_ITERS + tuple({type(iter(x)) for x in ({}, {}.values(), {}.items(), set())})
+_TORCH_SAMPLERS = (_samplers.SequentialSampler, _samplers.RandomSampler, _samplers.SubsetRandomSampler,
+                   _samplers.WeightedRandomSampler, _samplers.BatchSampler)
+try:  # DistributedSampler draws from its own seed, not from the global generators
+    from torch.utils.data.distributed import DistributedSampler
+    _TORCH_SAMPLERS = _TORCH_SAMPLERS + (DistributedSampler,)
+except ImportError:  # pragma: no cover
+    pass
+
+
+def _module_method_codes() -> frozenset:
+    """Code objects of nn.Module's member generators (parameters() etc.): they draw no RNG."""
+    codes = set()
+    for name in ("parameters", "named_parameters", "buffers", "named_buffers", "children",
+                 "named_children", "modules", "named_modules", "_named_members"):
+        fn = getattr(torch.nn.Module, name, None)
+        if fn is not None and hasattr(fn, "__code__"):
+            codes.add(fn.__code__)
+    return frozenset(codes)
+
+
+_RNG_FREE_GENERATOR_CODES = _module_method_codes()
+
+
+class Leaf:
+    """One evaluated sub-expression of a loop's iterable (``index`` = its maker slot)."""
+
+    __slots__ = ("index", "value", "kind", "mode")
+
+    def __init__(self, index: int, value: Any) -> None:
+        self.index = index
+        self.value = value
+        self.kind = ""  # seq | dataloader | iterator | iterable, set when the loop starts
+        self.mode = ""  # for a dataloader: skip | replay
+
+
+class Node:
+    """``enumerate``/``zip``/``iter`` applied to children that are rebuilt separately."""
+
+    __slots__ = ("index", "kind", "children", "kwargs")
+
+    def __init__(self, index: int, kind: str, children: tuple, kwargs: dict) -> None:
+        self.index = index
+        self.kind = kind
+        self.children = children
+        self.kwargs = kwargs
+
+
+def materialize(x: Any) -> Any:
+    """The plain object a `Leaf`/`Node` stands for (used when a special name was shadowed)."""
+    if isinstance(x, Leaf):
+        return x.value
+    if isinstance(x, Node):
+        kids = [materialize(c) for c in x.children]
+        if x.kind == "enumerate":
+            return enumerate(kids[0], **x.kwargs)
+        if x.kind == "zip":
+            return zip(*kids, **x.kwargs)
+        return iter(kids[0])
+    return x
+
+
+def make_node(index: int, fn: Any, children: tuple, kwargs: dict) -> Any:
+    """``node()`` of the rewrite: keep builtin enumerate/zip/iter apart, call anything else."""
+    if fn is builtins.enumerate:
+        return Node(index, "enumerate", children, kwargs)
+    if fn is builtins.zip:
+        return Node(index, "zip", children, kwargs)
+    if fn is builtins.iter:
+        return Node(index, "iter", children, kwargs)
+    return Leaf(index, fn(*[materialize(c) for c in children], **kwargs))
+
+
+# --------------------------------------------------------------------------- loop start
+def _loader_generators(loader: DataLoader) -> list[torch.Generator]:
+    gens: list[torch.Generator] = []
+    for holder in (loader, loader.sampler, getattr(loader.batch_sampler, "sampler", None), loader.batch_sampler):
+        g = getattr(holder, "generator", None)
+        if isinstance(g, torch.Generator) and all(g is not x for x in gens):
+            gens.append(g)
+    return gens
+
+
+def _classify(leaf: Leaf) -> str:
+    """Pick a leaf's strategy and say what RNG snapshot it needs: '', 'torch' or 'full'."""
+    v = leaf.value
+    if isinstance(v, DataLoader):
+        leaf.kind = "dataloader"
+        mapstyle = not isinstance(v.dataset, IterableDataset)
+        leaf.mode = "skip" if v.num_workers == 0 and mapstyle else "replay"
+        custom = not isinstance(v.sampler, _TORCH_SAMPLERS) or (
+            v.batch_sampler is not None and not isinstance(v.batch_sampler, _TORCH_SAMPLERS))
+        in_process_replay = leaf.mode == "replay" and v.num_workers == 0
+        return "full" if custom or in_process_replay else "torch"
+    if isinstance(v, _SEQ_TYPES):
+        leaf.kind = "seq"
+        return ""
+    if hasattr(type(v), "__next__"):  # an iterator; calling iter() here could have side effects
+        leaf.kind = "iterator"
+        if type(v) in _POSITION_ITERS:
+            return ""
+        if getattr(v, "gi_code", None) in _RNG_FREE_GENERATOR_CODES:
+            return ""
+        return "full"
+    leaf.kind = "iterable"
+    return "full"
+
+
+def leaves_of(tree: Any) -> list[Leaf]:
+    if isinstance(tree, Leaf):
+        return [tree]
+    out: list[Leaf] = []
+    for c in tree.children:
+        out.extend(leaves_of(c))
+    return out
+
+
+def _to_tree(src: Any) -> Any:
+    return src if isinstance(src, (Leaf, Node)) else Leaf(0, src)
+
+
+class LoopSource:
+    """The created iterator of one loop activation plus what is needed to rebuild it."""
+
+    __slots__ = ("tree", "iterator", "rng", "generators")
+
+    def __init__(self, tree: Any, iterator: Iterator[Any], rng_state: Optional[dict],
+                 generators: list[tuple[torch.Generator, torch.Tensor]]) -> None:
+        self.tree = tree
+        self.iterator = iterator
+        self.rng = rng_state
+        self.generators = generators
+
+    @classmethod
+    def start(cls, src: Any) -> "LoopSource":
+        """Called where Python's ``for`` would call ``iter()``."""
+        tree = _to_tree(src)
+        leaves = leaves_of(tree)
+        need = {_classify(leaf) for leaf in leaves}
+        snapshot = rng.capture(full="full" in need) if need - {""} else None
+        gens: list[tuple[torch.Generator, torch.Tensor]] = []
+        for leaf in leaves:
+            if leaf.kind == "dataloader":
+                gens.extend((g, g.get_state()) for g in _loader_generators(leaf.value))
+        return cls(tree, _build(tree), snapshot, gens)
+
+
+def _build(tree: Any) -> Iterator[Any]:
+    if isinstance(tree, Leaf):
+        return iter(tree.value)
+    kids = [_build(c) for c in tree.children]
+    if tree.kind == "enumerate":
+        return enumerate(kids[0], **tree.kwargs)
+    if tree.kind == "zip":
+        return zip(*kids, **tree.kwargs)
+    return kids[0]
+
+
+# --------------------------------------------------------------------------- checkpoint time
+def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequence[bool],
+             why_not: Sequence[str], line: int, probe: Callable[[Any], Optional[str]]) -> dict:
+    """The picklable description of ``source`` that `rebuild` turns back into an iterator.
+
+    Raises `CheckpointFailure` for an iterator with hidden state that cannot be re-created.
+    """
+    def leaf_state(leaf: Leaf) -> dict:
+        text = leaf_texts[leaf.index] if leaf.index < len(leaf_texts) else "?"
+        if leaf.kind == "seq":
+            return {"how": "seq", "index": leaf.index, "iterable": leaf.value}
+        if leaf.kind == "dataloader":
+            if leaf.value.persistent_workers and leaf.value.num_workers > 0:
+                warnings.warn(
+                    f"the loop at line {line} iterates a DataLoader with persistent_workers=True: a restore "
+                    f"starts new workers, so randomness drawn inside the workers after the loader's first "
+                    f"epoch will differ from an uninterrupted run", RuntimeWarning, stacklevel=2)
+            return {"how": "dataloader", "index": leaf.index, "loader": leaf.value, "mode": leaf.mode}
+        if leaf.kind == "iterable":
+            return {"how": "iterable", "index": leaf.index, "iterable": leaf.value}
+        if isinstance(leaf.value, types.GeneratorType):
+            error: Optional[str] = "generators cannot be pickled"
+        else:
+            error = probe(leaf.value)
+        if error is None:
+            return {"how": "pickled", "index": leaf.index, "iterator": leaf.value}
+        if leaf.index < len(reevaluable) and reevaluable[leaf.index]:
+            return {"how": "expr", "index": leaf.index}
+        reason = why_not[leaf.index] if leaf.index < len(why_not) else ""
+        raise CheckpointFailure(
+            f"the loop at line {line} iterates over `{text}`, a {type(leaf.value).__name__} with hidden "
+            f"state: its position cannot be saved ({error}) and it "
+            f"cannot be re-created ({reason}). Create the iterator in the for statement itself "
+            f"(`for x in make_items():`) or iterate over a list, Dataset or DataLoader.",
+            [[text, type(leaf.value).__name__]])
+
+    def walk(tree: Any) -> dict:
+        if isinstance(tree, Leaf):
+            return leaf_state(tree)
+        return {"how": tree.kind, "index": tree.index, "kwargs": tree.kwargs,
+                "children": [walk(c) for c in tree.children]}
+
+    return {"tree": walk(source.tree), "rng": source.rng, "generators": source.generators}
+
+
+# --------------------------------------------------------------------------- restore time
+def _skip(it: Iterator[Any], k: int, check_rng: bool, what: str, line: int) -> None:
+    """Advance ``it`` by k items; with ``check_rng`` refuse replays whose items drew RNG."""
+    if k <= 0:
+        return
+    try:
+        next(it)
+        if not check_rng or k == 1:
+            collections.deque(itertools.islice(it, k - 1), maxlen=0)
+            return
+        before = rng.capture(full=True)
+        collections.deque(itertools.islice(it, k - 1), maxlen=0)
+    except StopIteration:
+        return
+    if not rng.equal(before, rng.capture(full=True)):
+        raise CheckpointError(
+            f"cannot resume the loop at line {line} exactly: re-creating `{what}` and skipping its "
+            f"first {k} items drew random numbers after the first item, so those draws were "
+            f"interleaved with the loop body's and cannot be reproduced. Draw the randomness up "
+            f"front (e.g. shuffle a list, or use a DataLoader) or restart the job from the beginning.")
+
+
+def _advance_dataloader(loader: DataLoader, mode: str, k: int, line: int, text: str) -> Iterator[Any]:
+    it = iter(loader)
+    if k <= 0:
+        return it
+    sampler_iter = getattr(it, "_sampler_iter", None)
+    if mode == "skip" and sampler_iter is not None and hasattr(it, "_num_yielded"):
+        for _ in range(k):
+            try:
+                next(sampler_iter)
+            except StopIteration:
+                break
+        it._num_yielded += k
+        return it
+    _skip(it, k, check_rng=loader.num_workers == 0, what=text, line=line)
+    return it
+
+
+def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
+            leaf_texts: Sequence[str], line: int) -> Iterator[Any]:
+    """Re-create the iterator described by `describe` positioned after ``k`` items."""
+    saved_gen_states = [(g, g.get_state()) for g, _ in desc["generators"]]
+    if desc["rng"] is not None:
+        rng.apply(desc["rng"])
+    for g, state in desc["generators"]:
+        g.set_state(state)
+
+    def text_of(state: dict) -> str:
+        i = state["index"]
+        return leaf_texts[i] if i < len(leaf_texts) else "?"
+
+    def make(state: dict) -> Iterator[Any]:
+        how = state["how"]
+        if how in ("enumerate", "zip", "iter"):
+            kids = [make(c) for c in state["children"]]
+            if how == "enumerate":
+                start = state["kwargs"].get("start", 0)
+                return enumerate(kids[0], start + k)
+            if how == "zip":
+                return zip(*kids, **state["kwargs"])
+            return kids[0]
+        if how == "pickled":
+            return state["iterator"]
+        if how == "dataloader":
+            return _advance_dataloader(state["loader"], state["mode"], k, line, text_of(state))
+        if how == "seq":
+            it = iter(state["iterable"])
+            if k and isinstance(it, _SETSTATE_ITERS):
+                it.__setstate__(k)  # type: ignore[attr-defined]
+            else:
+                _skip(it, k, check_rng=False, what=text_of(state), line=line)
+            return it
+        if how == "expr":
+            maker = makers[state["index"]] if state["index"] < len(makers) else None
+            if maker is None:
+                raise CheckpointError(f"the loop at line {line} cannot re-create `{text_of(state)}`")
+            it = iter(maker())
+            _skip(it, k, check_rng=True, what=text_of(state), line=line)
+            return it
+        assert how == "iterable", how
+        it = iter(state["iterable"])
+        _skip(it, k, check_rng=True, what=text_of(state), line=line)
+        return it
+
+    try:
+        return make(desc["tree"])
+    finally:
+        for g, state in saved_gen_states:
+            g.set_state(state)

@@ -1,0 +1,433 @@
+"""The AST rewrite that makes every loop of the submitted code resumable.
+
+Scope: the statements of a module (a cell or a script) or of one submitted function's body, and
+recursively the bodies of ``for``/``while``, both branches of ``if``, the body of ``with`` and the
+body of ``try``.  Code inside ``def``/``class``/lambdas/comprehensions, ``except``/``finally``
+blocks, loop ``else`` blocks and ``match`` runs unchanged: it completes before the next safe point.
+
+What the rewrite produces (``R`` is ``__sg_rt.restoring``, a plain attribute):
+
+* every plain statement run is guarded ``if not R:`` so a restore skips what already ran;
+* every compound statement that contains a loop ("tracked") is guarded
+  ``if not R or __sg_rt.go(ID):`` so a restore enters only the one on the recorded path;
+* ``for T in E`` becomes ``for T in __sg_rt.enter_for(ID, None if R else SRC(E), MAKERS)`` inside
+  ``try/finally: __sg_rt.pop(ID)``; the returned frame counts items and its ``__next__`` is the
+  safe point.  ``SRC`` keeps ``enumerate``/``zip``/``iter`` apart so the iterators they wrap can be
+  rebuilt one by one, and ``MAKERS`` are lambdas that re-evaluate a sub-expression (only where
+  the loop cannot change the names it reads);
+* ``while C`` becomes ``while __sg_fID.tick() or C`` (``tick`` returns True only to re-enter
+  the body of a loop a restore resumes inside, without re-testing ``C``);
+* ``if C`` records the branch it took (``enter_if``); a restore takes the recorded branch;
+* ``with`` gets a first context manager that pushes a frame, and its headers are re-entered on
+  restore; ``try`` bodies push a frame, handlers re-raise `Preempted` first, and ``finally``
+  blocks are skipped while a preemption unwinds;
+* between two top-level statements a boundary safe point is inserted.
+
+Original line numbers are kept, so tracebacks point into the submitted source.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .analysis import bound_names, declared_global, has_dynamic_parts, is_simple_binding, loaded_names
+
+RT = "__sg_rt"
+PREFIX = "__sg_"
+REWRITE_VERSION = 1
+_SPECIAL = ("enumerate", "zip", "iter")
+
+
+@dataclass(frozen=True)
+class LeafInfo:
+    """One sub-expression of a ``for`` loop's iterable (see `rewrite._Rewriter._src`)."""
+
+    text: str
+    reevaluable: bool
+    why_not: str
+
+
+@dataclass
+class NodeInfo:
+    """A tracked statement or boundary, identified by a stable id in pre-order."""
+
+    id: int
+    kind: str  # for | while | if | with | try | boundary
+    line: int
+    top_index: int
+    with_targets: tuple[str, ...] = ()
+    leaves: tuple[LeafInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class StmtInfo:
+    """A top-level (or function-body-level) statement, for rebuild analysis."""
+
+    node: ast.stmt
+    bound: frozenset[str]
+    reads: frozenset[str]
+    simple: bool
+
+
+@dataclass
+class Rewritten:
+    tree: ast.Module
+    nodes: dict[int, NodeInfo]
+    statements: list[StmtInfo]
+    unstable: frozenset[str]
+    has_safe_points: bool
+    returns_last_expr: bool = False
+    local_names: tuple[str, ...] = field(default_factory=tuple)
+
+
+# --------------------------------------------------------------------------- node helpers
+def _name(id_: str, store: bool = False) -> ast.Name:
+    return ast.Name(id=id_, ctx=ast.Store() if store else ast.Load())
+
+
+def _rt_attr(attr: str) -> ast.Attribute:
+    return ast.Attribute(value=_name(RT), attr=attr, ctx=ast.Load())
+
+
+def _rt_call(method: str, *args: ast.expr) -> ast.Call:
+    return ast.Call(func=_rt_attr(method), args=list(args), keywords=[])
+
+
+def _const(v: object) -> ast.Constant:
+    return ast.Constant(value=v)
+
+
+def _restoring() -> ast.Attribute:
+    return _rt_attr("restoring")
+
+
+def _pop(nid: int) -> ast.Expr:
+    return ast.Expr(value=_rt_call("pop", _const(nid)))
+
+
+def _try_finally(body: list[ast.stmt], final: list[ast.stmt]) -> ast.Try:
+    return ast.Try(body=body, handlers=[], orelse=[], finalbody=final)
+
+
+def _fill_locations(node: ast.AST, src: ast.AST) -> None:
+    """Give generated nodes the position of the statement they replace."""
+    for sub in ast.walk(node):
+        if "lineno" in sub._attributes and getattr(sub, "lineno", None) is None:
+            sub.lineno = src.lineno  # type: ignore[attr-defined]
+            sub.col_offset = src.col_offset  # type: ignore[attr-defined]
+            sub.end_lineno = getattr(src, "end_lineno", src.lineno)  # type: ignore[attr-defined]
+            sub.end_col_offset = getattr(src, "end_col_offset", src.col_offset)  # type: ignore[attr-defined]
+
+
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+def _statement_infos(body: list[ast.stmt]) -> list[StmtInfo]:
+    infos = []
+    for stmt in body:
+        original = copy.deepcopy(stmt)
+        infos.append(StmtInfo(original, frozenset(bound_names(original)),
+                              frozenset(loaded_names(original)), is_simple_binding(original)))
+    return infos
+
+
+# --------------------------------------------------------------------------- the rewriter
+class _Rewriter:
+    def __init__(self, unstable: set[str]) -> None:
+        self.unstable = unstable
+        self.nodes: dict[int, NodeInfo] = {}
+        self.top_index = 0
+        self._tracked: dict[int, bool] = {}
+        self._with_names: list[set[str]] = []  # `as` targets of the enclosing tracked with statements
+
+    def _new(self, kind: str, stmt: ast.stmt, **extra: object) -> NodeInfo:
+        info = NodeInfo(len(self.nodes), kind, stmt.lineno, self.top_index, **extra)  # type: ignore[arg-type]
+        self.nodes[info.id] = info
+        return info
+
+    # which statements hold a safe point -----------------------------------
+    def tracked(self, s: ast.stmt) -> bool:
+        key = id(s)
+        if key not in self._tracked:
+            if isinstance(s, (ast.For, ast.While)):
+                result = True
+            elif isinstance(s, ast.If):
+                result = self.any_tracked(s.body) or self.any_tracked(s.orelse)
+            elif isinstance(s, (ast.With, ast.Try)):
+                result = self.any_tracked(s.body)
+            else:
+                result = False
+            self._tracked[key] = result
+        return self._tracked[key]
+
+    def any_tracked(self, stmts: list[ast.stmt]) -> bool:
+        return any(self.tracked(s) for s in stmts)
+
+    # blocks ----------------------------------------------------------------
+    def block(self, stmts: list[ast.stmt], top_base: Optional[int] = None) -> list[ast.stmt]:
+        """Rewrite a statement list; ``top_base`` set means this is the outermost block."""
+        out: list[ast.stmt] = []
+        plain: list[ast.stmt] = []
+
+        def flush() -> None:
+            if plain:
+                guard = ast.If(test=ast.UnaryOp(op=ast.Not(), operand=_restoring()), body=list(plain), orelse=[])
+                _fill_locations(guard, plain[0])
+                out.append(guard)
+                plain.clear()
+
+        for i, s in enumerate(stmts):
+            if top_base is not None:
+                self.top_index = top_base + i
+                if i > 0:
+                    flush()
+                    out.append(self._boundary(s))
+            if self.tracked(s):
+                flush()
+                nid, new = self._transform(s)
+                guard = ast.If(
+                    test=ast.BoolOp(op=ast.Or(), values=[
+                        ast.UnaryOp(op=ast.Not(), operand=_restoring()), _rt_call("go", _const(nid))]),
+                    body=new, orelse=[])
+                _fill_locations(guard, s)
+                out.append(guard)
+            else:
+                plain.append(s)
+        flush()
+        return out or [ast.Pass()]
+
+    def _boundary(self, s: ast.stmt) -> ast.stmt:
+        info = self._new("boundary", s)
+        node = ast.If(
+            test=ast.BoolOp(op=ast.Or(), values=[
+                ast.UnaryOp(op=ast.Not(), operand=_restoring()), _rt_call("go", _const(info.id))]),
+            body=[ast.Expr(value=_rt_call("boundary", _const(info.id)))], orelse=[])
+        _fill_locations(node, s)
+        return node
+
+    def _transform(self, s: ast.stmt) -> tuple[int, list[ast.stmt]]:
+        if isinstance(s, ast.For):
+            nid, new = self._for(s)
+        elif isinstance(s, ast.While):
+            nid, new = self._while(s)
+        elif isinstance(s, ast.If):
+            nid, new = self._if(s)
+        elif isinstance(s, ast.With):
+            nid, new = self._with(s)
+        else:
+            assert isinstance(s, ast.Try)
+            nid, new = self._try(s)
+        for n in new:
+            _fill_locations(n, s)
+        return nid, new
+
+    # loops -----------------------------------------------------------------
+    def _for(self, s: ast.For) -> tuple[int, list[ast.stmt]]:
+        info = self._new("for", s)
+        conflicts = bound_names(s.target) | bound_names(s.body) | self.unstable
+        makers: list[ast.expr] = []
+        leaves: list[Optional[LeafInfo]] = []
+        src = self._src(s.iter, makers, leaves, conflicts)
+        info.leaves = tuple(leaf for leaf in leaves if leaf is not None)
+        call = _rt_call("enter_for", _const(info.id),
+                        ast.IfExp(test=_restoring(), body=_const(None), orelse=src),
+                        ast.Tuple(elts=makers, ctx=ast.Load()))
+        body = self._retarget(s.target) + self.block(s.body)
+        loop = ast.For(target=s.target, iter=call, body=body, orelse=s.orelse, type_comment=None)
+        return info.id, [_try_finally([loop], [_pop(info.id)])]
+
+    @staticmethod
+    def _retarget(target: ast.expr) -> list[ast.stmt]:
+        """``if R: x = __sg_rt.saved("x", x)`` for each name the loop target binds.
+
+        A restore that resumes *inside* this loop's body re-enters the ``for`` statement, which
+        assigns the current item to the target again; the body may have rebound those names
+        since, so their checkpointed values are put back.  (Attribute or subscript targets are
+        re-assigned the item itself.)
+        """
+        names = sorted(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        if not names:
+            return []
+        assigns: list[ast.stmt] = [
+            ast.Assign(targets=[_name(n, store=True)], value=_rt_call("saved", _const(n), _name(n)))
+            for n in names]
+        return [ast.If(test=_restoring(), body=assigns, orelse=[])]
+
+    def _src(self, e: ast.expr, makers: list[ast.expr], leaves: list[Optional[LeafInfo]],
+             conflicts: set[str]) -> ast.expr:
+        """Describe iterable ``e`` as a tree of `leaf`/`node` calls plus one maker per entry."""
+        idx = len(makers)
+        makers.append(_const(None))
+        leaves.append(None)
+        rebound_by_with = isinstance(e, ast.Name) and any(e.id in names for names in self._with_names)
+        if not isinstance(e, (ast.Call, ast.GeneratorExp)) and not rebound_by_with:
+            why = "re-evaluating it would give back the same, already advanced, iterator"
+        elif has_dynamic_parts(e):
+            why = "it contains :=, yield or await"
+        else:
+            clash = sorted(loaded_names(e) & conflicts)
+            why = f"the loop can rebind {', '.join(clash)}, which it reads" if clash else ""
+        if not why:
+            makers[idx] = ast.Lambda(
+                args=ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[],
+                                   kwarg=None, defaults=[]),
+                body=copy.deepcopy(e))
+        leaves[idx] = LeafInfo(ast.unparse(e), not why, why)
+        special = self._special(e)
+        if special is not None:
+            assert isinstance(e, ast.Call) and isinstance(e.func, ast.Name)
+            children_exprs, kw = special
+            children = [self._src(c, makers, leaves, conflicts) for c in children_exprs]
+            kw_dict = ast.Dict(keys=[_const(k) for k in kw], values=list(kw.values()))
+            return _rt_call("node", _const(idx), e.func, ast.Tuple(elts=children, ctx=ast.Load()), kw_dict)
+        return _rt_call("leaf", _const(idx), e)
+
+    @staticmethod
+    def _special(e: ast.expr) -> Optional[tuple[list[ast.expr], dict[str, ast.expr]]]:
+        """``enumerate(x[, start])``, ``zip(a, b, ...[, strict=])``, ``iter(x)``: children + keywords."""
+        if not (isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id in _SPECIAL):
+            return None
+        if any(isinstance(a, ast.Starred) for a in e.args) or any(k.arg is None for k in e.keywords):
+            return None
+        kw = {k.arg: k.value for k in e.keywords if k.arg is not None}
+        name = e.func.id
+        if name == "iter":
+            return (list(e.args), {}) if len(e.args) == 1 and not kw else None
+        if name == "enumerate":
+            if len(e.args) == 2 and not kw:
+                return [e.args[0]], {"start": e.args[1]}
+            if len(e.args) == 1 and set(kw) <= {"start"}:
+                return [e.args[0]], kw
+            return None
+        if set(kw) <= {"strict"} and e.args:
+            return list(e.args), kw
+        return None
+
+    def _while(self, s: ast.While) -> tuple[int, list[ast.stmt]]:
+        info = self._new("while", s)
+        frame = f"{PREFIX}f{info.id}"
+        assign = ast.Assign(targets=[_name(frame, store=True)], value=_rt_call("enter_while", _const(info.id)))
+        tick = ast.Call(func=ast.Attribute(value=_name(frame), attr="tick", ctx=ast.Load()), args=[], keywords=[])
+        loop = ast.While(test=ast.BoolOp(op=ast.Or(), values=[tick, s.test]), body=self.block(s.body),
+                         orelse=s.orelse)
+        return info.id, [assign, _try_finally([loop], [_pop(info.id)])]
+
+    # branches and blocks ---------------------------------------------------
+    def _if(self, s: ast.If) -> tuple[int, list[ast.stmt]]:
+        info = self._new("if", s)
+        cond = ast.IfExp(test=_restoring(), body=_const(None),
+                         orelse=ast.IfExp(test=s.test, body=_const(True), orelse=_const(False)))
+        body = [_try_finally(self.block(s.body), [_pop(info.id)])]
+        orelse = [_try_finally(self.block(s.orelse) if s.orelse else [ast.Pass()], [_pop(info.id)])]
+        return info.id, [ast.If(test=_rt_call("enter_if", _const(info.id), cond), body=body, orelse=orelse)]
+
+    def _with(self, s: ast.With) -> tuple[int, list[ast.stmt]]:
+        targets = bound_names([i.optional_vars for i in s.items if i.optional_vars is not None])
+        info = self._new("with", s, with_targets=tuple(sorted(targets)))
+        items = [ast.withitem(context_expr=_rt_call("enter_with", _const(info.id)), optional_vars=None)]
+        for item in s.items:
+            items.append(ast.withitem(context_expr=_rt_call("with_ctx", _const(info.id), item.context_expr),
+                                      optional_vars=item.optional_vars))
+        # a loop over an `as` target (`with open(p) as f: for line in f:`) may re-create its
+        # iterator by reading the name again: the restore re-enters this header first
+        self._with_names.append(targets)
+        try:
+            body = self.block(s.body)
+        finally:
+            self._with_names.pop()
+        return info.id, [ast.With(items=items, body=body, type_comment=None)]
+
+    def _try(self, s: ast.Try) -> tuple[int, list[ast.stmt]]:
+        info = self._new("try", s)
+        body: list[ast.stmt] = [ast.With(
+            items=[ast.withitem(context_expr=_rt_call("enter_try", _const(info.id)), optional_vars=None)],
+            body=self.block(s.body), type_comment=None)]
+        handlers = list(s.handlers)
+        if handlers:
+            handlers.insert(0, ast.ExceptHandler(type=_rt_attr("Preempted"), name=None,
+                                                 body=[ast.Raise(exc=None, cause=None)]))
+        final: list[ast.stmt] = []
+        if s.finalbody:
+            final = [ast.If(test=ast.UnaryOp(op=ast.Not(), operand=_rt_attr("preempting")),
+                            body=s.finalbody, orelse=[])]
+        return info.id, [ast.Try(body=body, handlers=handlers, orelse=s.orelse, finalbody=final)]
+
+
+# --------------------------------------------------------------------------- entry points
+def rewrite_module(source: str, filename: str) -> Rewritten:
+    """Parse and rewrite a cell/script; the last expression statement feeds ``set_result``."""
+    tree = ast.parse(source, filename=filename, mode="exec")
+    statements = _statement_infos(tree.body)
+    unstable = declared_global(tree)
+    body = list(tree.body)
+    head = 0
+    while head < len(body) and (
+            (head == 0 and _is_docstring(body[0]))
+            or (isinstance(body[head], ast.ImportFrom) and body[head].module == "__future__")):
+        head += 1
+    returns_last = bool(body) and len(body) > head and isinstance(body[-1], ast.Expr)
+    if returns_last:
+        last = body[-1]
+        assert isinstance(last, ast.Expr)
+        body[-1] = ast.copy_location(ast.Expr(value=_rt_call("set_result", last.value)), last)
+    rw = _Rewriter(unstable)
+    new_body = body[:head] + rw.block(body[head:], top_base=head)
+    new_tree = ast.Module(body=new_body, type_ignores=[])
+    ast.fix_missing_locations(new_tree)
+    return Rewritten(new_tree, rw.nodes, statements, frozenset(unstable), bool(rw.nodes), returns_last)
+
+
+def rewrite_function(fdef: ast.FunctionDef, local_names: list[str], params: list[str],
+                     freevars: list[str]) -> Rewritten:
+    """Rewrite one function definition into ``def __sg_factory(__sg_rt, *freevars): def f...``.
+
+    Decorators, annotations and default expressions are dropped from the copy (the caller
+    restores ``__defaults__``/``__kwdefaults__``/``__annotations__`` from the original), because
+    evaluating them again could fail or differ.  A prologue loads the saved locals on restore.
+    """
+    statements = _statement_infos(fdef.body)
+    unstable = declared_global(fdef)
+    fdef = copy.deepcopy(fdef)
+    fdef.decorator_list = []
+    fdef.returns = None
+    args = fdef.args
+    for a in args.posonlyargs + args.args + args.kwonlyargs + [x for x in (args.vararg, args.kwarg) if x]:
+        a.annotation = None
+    args.defaults = [_const(None) for _ in args.defaults]
+    args.kw_defaults = [None if d is None else _const(None) for d in args.kw_defaults]
+    body = list(fdef.body)
+    head = 1 if body and _is_docstring(body[0]) else 0
+    rw = _Rewriter(unstable)
+    rest = rw.block(body[head:], top_base=head)
+    first = body[head] if len(body) > head else body[0]
+    prologue: list[ast.stmt] = [ast.Expr(value=_rt_call("enter_function"))]
+    if "__class__" in freevars:
+        prologue.append(ast.Expr(value=_name("__class__")))  # keeps zero-argument super() working
+    loads: list[ast.stmt] = [ast.Assign(targets=[_name(f"{PREFIX}L", store=True)],
+                                        value=_rt_call("restored_locals"))]
+    for name in local_names:
+        saved = ast.Subscript(value=_name(f"{PREFIX}L"), slice=_const(name), ctx=ast.Load())
+        test = ast.Compare(left=_const(name), ops=[ast.In()], comparators=[_name(f"{PREFIX}L")])
+        orelse: list[ast.stmt] = [ast.Delete(targets=[_name(name, store=False)])] if name in params else []
+        if orelse:
+            orelse[0].targets[0].ctx = ast.Del()  # type: ignore[attr-defined]
+        loads.append(ast.If(test=test, body=[ast.Assign(targets=[_name(name, store=True)], value=saved)],
+                            orelse=orelse))
+    prologue.append(ast.If(test=_restoring(), body=loads, orelse=[]))
+    for p in prologue:
+        _fill_locations(p, first)
+    fdef.body = body[:head] + prologue + rest
+    factory_args = [ast.arg(arg=RT)] + [ast.arg(arg=v) for v in freevars]
+    factory = ast.FunctionDef(
+        name=f"{PREFIX}factory",
+        args=ast.arguments(posonlyargs=[], args=factory_args, vararg=None, kwonlyargs=[], kw_defaults=[],
+                           kwarg=None, defaults=[]),
+        body=[fdef, ast.Return(value=_name(fdef.name))], decorator_list=[], returns=None, type_comment=None)
+    _fill_locations(factory, fdef)
+    tree = ast.Module(body=[factory], type_ignores=[])
+    ast.fix_missing_locations(tree)
+    return Rewritten(tree, rw.nodes, statements, frozenset(unstable), bool(rw.nodes),
+                     local_names=tuple(local_names))

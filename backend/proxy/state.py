@@ -1,0 +1,459 @@
+"""Saving and loading a program's state: position, namespace, RNG, loop iterators.
+
+Everything of one rank goes into a single ``torch.save(graph, f, pickle_module=<cloudpickle>)``
+call, so objects shared between variables, loop iterators and the items a loop is working on stay
+shared after a restore, and tensor storages are written once, device-independently.
+
+Our pickler extends cloudpickle in four ways:
+
+* functions whose ``__globals__`` is the program's namespace are pickled by value but *without*
+  a private copy of their globals: on load they get the restored namespace itself, so a later
+  top-level rebinding (or a ``global`` statement) is seen by them exactly as before;
+* classes defined in the program are always pickled by value (the namespace may be registered as
+  a module, but it is empty when a restore starts);
+* open files raise instead of being silently turned into a StringIO (cloudpickle's default), and
+  closed ones (left behind by ``with open(...) as f``) come back as a `ClosedFile` placeholder;
+* a DataLoader is pickled without its live persistent-workers iterator.
+
+When the state cannot be pickled every variable is probed on its own (storages are not copied by
+the probe); variables created by one already executed simple top-level statement are rebuilt on
+restore by re-running that statement (ElasticNotebook-style), anything else fails the checkpoint
+with the names and types of the culprits.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import contextvars
+import copyreg
+import io
+import pickle
+import platform
+import sys
+import time
+import types
+from typing import TYPE_CHECKING, Any, Optional
+
+import cloudpickle
+import torch
+from torch.utils.data import DataLoader
+
+from . import iterators, rng
+from .errors import CheckpointError, CheckpointFailure
+from .rewrite import PREFIX
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .runtime import Runtime
+    from .store import CheckpointRef
+
+try:
+    from cloudpickle import cloudpickle as _cp
+
+    _make_function = _cp._make_function
+    _function_getstate = _cp._function_getstate
+    _function_setstate = _cp._function_setstate
+    _make_empty_cell = _cp._make_empty_cell
+    _dynamic_class_reduce = _cp._dynamic_class_reduce
+    _make_skeleton_class = _cp._make_skeleton_class
+    _should_pickle_by_reference = _cp._should_pickle_by_reference
+    _extract_code_globals = _cp._extract_code_globals
+except AttributeError as _e:  # pragma: no cover
+    raise ImportError(f"backend.proxy needs cloudpickle 3.x internals ({_e}); install cloudpickle>=3,<4") from _e
+
+GRAPH_FORMAT = 1
+_SKIP_NAMES = frozenset({"__builtins__", "__loader__", "__spec__"})
+#: (namespace, own): functions whose globals are ``namespace`` are saved bound to it; ``own`` says it is
+#: the program's own namespace (restored from the checkpoint, so everything defined there goes by value)
+_SAVE_NS: contextvars.ContextVar[Optional[tuple[dict, bool]]] = contextvars.ContextVar("sg_save_ns", default=None)
+_LOAD_NS: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("sg_load_ns", default=None)
+_PICKLE_ERRORS = (pickle.PicklingError, TypeError, AttributeError, NotImplementedError, RuntimeError, ValueError)
+
+
+def _current_namespace() -> dict:
+    ns = _LOAD_NS.get()
+    if ns is None:
+        raise pickle.UnpicklingError("a checkpoint function needs its program namespace; load it with "
+                                     "backend.proxy, not plain torch.load")
+    return ns
+
+
+class _NamespaceRef:
+    """Stands for "the program's namespace" inside a pickle."""
+
+    def __reduce__(self) -> tuple:
+        return _current_namespace, ()
+
+
+def _std_stream_name(obj: Any) -> Optional[str]:
+    for name in ("stdout", "stderr", "stdin"):
+        if obj is getattr(sys, name, None) or obj is getattr(sys, f"__{name}__", None):
+            return name
+    return None
+
+
+class ClosedFile:
+    """What a closed file becomes after a restore: its name and mode; any I/O raises like a closed file."""
+
+    closed = True
+
+    def __init__(self, name: str, mode: str) -> None:
+        self.name = name
+        self.mode = mode
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise ValueError(f"I/O operation on closed file {self.name!r}")
+
+    def __repr__(self) -> str:
+        return f"<closed file {self.name!r} mode={self.mode!r}>"
+
+
+class ProxyPickler(cloudpickle.Pickler):
+    """cloudpickle, plus the namespace-aware rules described in the module docstring."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        ns, own = _SAVE_NS.get() or (None, False)
+        t = type(obj)
+        if t is types.FunctionType and ns is not None and obj.__globals__ is ns \
+                and (own or not _should_pickle_by_reference(obj)):
+            closure = None if obj.__closure__ is None else tuple(
+                _make_empty_cell() for _ in obj.__code__.co_freevars)
+            state, slotstate = _function_getstate(obj)
+            slotstate["__globals__"] = {}
+            return (_make_function, (obj.__code__, _NamespaceRef(), None, None, closure),
+                    (state, slotstate), None, None, _function_setstate)
+        if own and isinstance(obj, type) and ns is not None \
+                and getattr(obj, "__module__", None) == ns.get("__name__") and ns.get(obj.__name__) is obj:
+            reduced = list(_dynamic_class_reduce(obj))
+            if reduced[0] is _make_skeleton_class:
+                # no class tracker: a restore in the same process must not reuse the old class,
+                # whose methods would still see the old namespace
+                args = list(reduced[1])
+                args[4] = None
+                reduced[1] = tuple(args)
+            return tuple(reduced)
+        if isinstance(obj, io.IOBase):
+            stream = _std_stream_name(obj)
+            if stream is not None:
+                return getattr, (sys, stream)
+            if obj.closed:  # e.g. left behind by `with open(...) as f:`; nothing to resume in it
+                return ClosedFile, (str(getattr(obj, "name", "")), str(getattr(obj, "mode", "")))
+            raise pickle.PicklingError(f"cannot save an open file or stream ({obj!r})")
+        if isinstance(obj, DataLoader):
+            state = dict(obj.__dict__)
+            state["_iterator"] = None  # a live persistent-workers iterator; recreated by iter()
+            return copyreg.__newobj__, (t,), state
+        return super().reducer_override(obj)
+
+
+class _ProbePickler(ProxyPickler):
+    """Pickles to nowhere and skips tensor data: tells whether an object can be saved, cheaply."""
+
+    def persistent_id(self, obj: Any) -> Optional[str]:
+        if isinstance(obj, torch.storage.TypedStorage) or torch.is_storage(obj):
+            return "storage"
+        return None
+
+
+class _Sink:
+    def write(self, data: Any) -> int:
+        return len(memoryview(data))
+
+
+def probe(obj: Any) -> Optional[str]:
+    """None if ``obj`` pickles with our pickler, else the error text."""
+    try:
+        _ProbePickler(_Sink(), protocol=pickle.DEFAULT_PROTOCOL).dump(obj)
+        return None
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def _pickle_module() -> types.ModuleType:
+    shim = types.ModuleType("singularity_proxy_pickle")
+    shim.Pickler = ProxyPickler  # type: ignore[attr-defined]
+    shim.Unpickler = pickle.Unpickler  # type: ignore[attr-defined]
+    shim.load = pickle.load  # type: ignore[attr-defined]
+    shim.loads = pickle.loads  # type: ignore[attr-defined]
+
+    def dump(obj: Any, file: Any, protocol: Optional[int] = None) -> None:
+        ProxyPickler(file, protocol=protocol).dump(obj)
+
+    shim.dump = dump  # type: ignore[attr-defined]
+    return shim
+
+
+PICKLE_MODULE = _pickle_module()
+
+
+def _map_location(storage: Any, location: str) -> Any:
+    """CUDA tensors land on this rank's current device, or on the CPU where there is none."""
+    if location.startswith("cuda"):
+        if torch.cuda.is_available():
+            return storage.cuda(torch.cuda.current_device())
+        return storage.cpu()
+    return storage
+
+
+# --------------------------------------------------------------------------- what to save
+def _keep(name: str) -> bool:
+    return name not in _SKIP_NAMES and not name.startswith(PREFIX)
+
+
+def _with_targets(rt: "Runtime") -> set[str]:
+    """``as`` targets of active with statements: the restore re-enters their headers anyway."""
+    names: set[str] = set()
+    for frame in rt.stack:
+        if getattr(frame, "kind", "") == "with":
+            names.update(rt.program.nodes[frame.node].with_targets)
+    return names
+
+
+def _position(rt: "Runtime", boundary: Optional[int]) -> tuple[list[dict], list[CheckpointFailure]]:
+    """The frame stack as records; loops whose iterator cannot be saved are returned as failures."""
+    from .runtime import BlockFrame, ForFrame, IfFrame, WhileFrame
+
+    nodes = rt.program.nodes
+    records: list[dict] = []
+    failures: list[CheckpointFailure] = []
+    last = len(rt.stack) - 1
+    for depth, frame in enumerate(rt.stack):
+        inside = boundary is not None or depth < last
+        if isinstance(frame, ForFrame):
+            info = nodes[frame.node]
+            desc = frame.desc
+            if desc is None:
+                assert frame.source is not None
+                try:
+                    desc = iterators.describe(frame.source, [x.text for x in info.leaves],
+                                              [x.reevaluable for x in info.leaves],
+                                              [x.why_not for x in info.leaves], info.line, probe)
+                except CheckpointFailure as e:
+                    failures.append(e)
+                    desc = {}
+            rec = {"node": frame.node, "kind": "for", "line": info.line, "fetched": frame.fetched, "source": desc}
+            if inside:
+                rec["current"] = frame.current
+            records.append(rec)
+        elif isinstance(frame, WhileFrame):
+            records.append({"node": frame.node, "kind": "while", "line": nodes[frame.node].line,
+                            "ticks": frame.ticks})
+        elif isinstance(frame, IfFrame):
+            records.append({"node": frame.node, "kind": "if", "line": nodes[frame.node].line,
+                            "branch": frame.branch})
+        else:
+            assert isinstance(frame, BlockFrame)
+            records.append({"node": frame.node, "kind": frame.kind, "line": nodes[frame.node].line})
+    if boundary is not None:
+        records.append({"node": boundary, "kind": "boundary", "line": nodes[boundary].line})
+    return records, failures
+
+
+def _current_statement(rt: "Runtime", position: list[dict]) -> int:
+    return rt.program.nodes[position[0]["node"]].top_index if position else len(rt.program.statements)
+
+
+def _rebuild_statement(rt: "Runtime", name: str, current: int) -> Optional[int]:
+    """Index of the one executed simple statement that can recreate ``name``, if that is sound."""
+    program = rt.program
+    stmts = program.statements
+    upto = min(current, len(stmts) - 1)
+    binders = [i for i in range(upto + 1) if name in stmts[i].bound]
+    if not binders or name in program.unstable:
+        return None
+    i = binders[-1]
+    if i >= current or not stmts[i].simple:
+        return None
+    later = set().union(*(stmts[j].bound for j in range(i + 1, upto + 1))) if upto > i else set()
+    if stmts[i].reads & (later | program.unstable):
+        return None
+    return i
+
+
+# --------------------------------------------------------------------------- writing
+def _variables(rt: "Runtime") -> tuple[dict, Optional[dict]]:
+    skip = _with_targets(rt)
+    namespace = {k: v for k, v in rt.ns.items() if _keep(k) and k not in skip}
+    saved_locals = None
+    if rt.fn_frame is not None:
+        wanted = set(rt.program.local_names)
+        saved_locals = {k: v for k, v in rt.fn_frame.f_locals.items() if k in wanted and k not in skip}
+    return namespace, saved_locals
+
+
+def _diagnose(namespace: dict, saved_locals: Optional[dict],
+              position: list[dict]) -> list[tuple[str, str, str, str]]:
+    """(where, name, type, error) of everything that does not pickle on its own."""
+    bad: list[tuple[str, str, str, str]] = []
+    for where, scope in (("namespace", namespace), ("locals", saved_locals or {})):
+        for name, value in scope.items():
+            err = probe(value)
+            if err is not None:
+                bad.append((where, name, type(value).__name__, err))
+    for rec in position:
+        for key, label in (("current", "item"), ("source", "iterable")):
+            if key in rec:
+                err = probe(rec[key])
+                if err is not None:
+                    bad.append(("loop", f"<{label} of the loop at line {rec['line']}>",
+                                type(rec[key]).__name__, err))
+    return bad
+
+
+def write_checkpoint(rt: "Runtime", boundary: Optional[int]) -> tuple["CheckpointRef", int, list[str]]:
+    """Write this rank's part of a checkpoint at the current safe point.
+
+    Returns (reference, bytes written, names that the restore will rebuild).  Raises
+    `CheckpointFailure` (program state untouched) when something cannot be saved.
+    """
+    globals_ = rt.fn_globals if rt.fn_globals is not None else rt.ns
+    token = _SAVE_NS.set((globals_, globals_ is rt.ns))  # probes and the save pickle alike
+    try:
+        return _write_checkpoint(rt, boundary)
+    finally:
+        _SAVE_NS.reset(token)
+
+
+def _write_checkpoint(rt: "Runtime", boundary: Optional[int]) -> tuple["CheckpointRef", int, list[str]]:
+    ctl = rt.ctl
+    position, loop_failures = _position(rt, boundary)
+    namespace, saved_locals = _variables(rt)
+    current = _current_statement(rt, position)
+    scope = saved_locals if saved_locals is not None else namespace
+
+    # variables found unpicklable by an earlier checkpoint and still bound to the same object
+    rebuild: dict[str, int] = {}
+    for name, obj_id in rt._unpicklable_cache.items():
+        if name in scope and id(scope[name]) == obj_id:
+            index = _rebuild_statement(rt, name, current)
+            if index is not None:
+                rebuild[name] = index
+
+    def plan() -> list[tuple[str, str, str]]:
+        """Probe everything; schedule rebuilds where sound; return what stays unsaveable."""
+        rest_ns = namespace if saved_locals is not None else _without(namespace, rebuild)
+        rest_locals = _without(saved_locals, rebuild) if saved_locals is not None else None
+        stuck = []
+        rebuild_scope = "locals" if saved_locals is not None else "namespace"
+        for where, name, type_name, err in _diagnose(rest_ns, rest_locals, position):
+            index = _rebuild_statement(rt, name, current) if where == rebuild_scope else None
+            if index is None:
+                stuck.append((name, type_name, err))
+            else:
+                rebuild[name] = index
+                rt._unpicklable_cache[name] = id(scope[name])
+        return stuck
+
+    if loop_failures:
+        raise _failure(loop_failures, plan())
+    for _attempt in range(2):
+        graph = _graph(rt, position, namespace, saved_locals, rebuild)
+        written: dict[str, Any] = {}
+
+        def writer(f: Any) -> None:
+            torch.save(graph, f, pickle_module=PICKLE_MODULE, pickle_protocol=4)
+            written["bytes"] = f.bytes
+
+        try:
+            ref = ctl.store.write(rt.step, ctl.rank, ctl.world_size, writer)
+            return ref, int(written["bytes"]), sorted(rebuild)
+        except _PICKLE_ERRORS as e:
+            before = dict(rebuild)
+            stuck = plan()
+            if stuck:
+                raise _failure([], stuck) from e
+            if rebuild == before:
+                raise CheckpointFailure(f"cannot save the program state: {type(e).__name__}: {e}") from e
+    raise CheckpointFailure("cannot save the program state even after excluding the rebuildable variables")
+
+
+def _failure(loops: list[CheckpointFailure], stuck: list[tuple[str, str, str]]) -> CheckpointFailure:
+    parts = [str(f) for f in loops]
+    variables = [v for f in loops for v in f.variables]
+    named = {v[0] for v in variables}
+    stuck = [s for s in stuck if s[0] not in named]
+    if stuck:
+        listing = "; ".join(f"`{n}` ({t}: {err})" for n, t, err in stuck)
+        parts.append(
+            f"these variables cannot be saved: {listing}. Close or delete them before the loop "
+            f"(`del name`), create them in one top-level statement that nothing reassigns (they are "
+            f"then rebuilt on restore), or keep them out of the job's state")
+        variables += [[n, t] for n, t, _ in stuck]
+    return CheckpointFailure("cannot checkpoint: " + " Also, ".join(parts), variables)
+
+
+def _without(d: Optional[dict], names: dict) -> dict:
+    return {k: v for k, v in (d or {}).items() if k not in names}
+
+
+def _graph(rt: "Runtime", position: list[dict], namespace: dict, saved_locals: Optional[dict],
+           rebuild: dict[str, int]) -> dict:
+    by_statement: dict[int, list[str]] = {}
+    for name, index in rebuild.items():
+        by_statement.setdefault(index, []).append(name)
+    in_locals = saved_locals is not None
+    return {
+        "format": GRAPH_FORMAT,
+        "program": rt.program.identity,
+        "step": rt.step,
+        "position": position,
+        "namespace": namespace if in_locals else _without(namespace, rebuild),
+        "locals": _without(saved_locals, rebuild) if in_locals else None,
+        "rng": rng.capture(full=True),
+        "rebuild": [{"index": i, "names": sorted(n)} for i, n in sorted(by_statement.items())],
+        "meta": {"created": time.time(), "rank": rt.ctl.rank, "world_size": rt.ctl.world_size,
+                 "python": platform.python_version(), "torch": torch.__version__,
+                 "filename": rt.program.filename},
+    }
+
+
+# --------------------------------------------------------------------------- reading
+def load_graph(ref: "CheckpointRef", rank: int, target_namespace: dict, identity: str) -> dict:
+    """Load one rank's file; functions of the program get ``target_namespace`` as globals."""
+    path = ref.rank_file(rank)
+    if not path.exists():
+        raise CheckpointError(f"{ref.path} has no file for rank {rank} (it was written by "
+                              f"{ref.world_size} ranks)")
+    token = _LOAD_NS.set(target_namespace)
+    try:
+        graph = torch.load(path, map_location=_map_location, pickle_module=PICKLE_MODULE, weights_only=False)
+    except Exception as e:
+        raise CheckpointError(f"cannot load {path}: {type(e).__name__}: {e}. If the code or its imports "
+                              f"changed since the checkpoint, restore with the original code or start over.") from e
+    finally:
+        _LOAD_NS.reset(token)
+    if not isinstance(graph, dict) or graph.get("format") != GRAPH_FORMAT:
+        raise CheckpointError(f"{path} is not a device-proxy checkpoint of format {GRAPH_FORMAT}")
+    if graph["program"] != identity:
+        raise CheckpointError(f"{ref.path} was written by a different program (the submitted code changed); "
+                              f"resume with the code that wrote it, or start over without restoring")
+    return graph
+
+
+def rebuild_variables(rt: "Runtime", graph: dict, globals_: dict, locals_: Optional[dict]) -> list[str]:
+    """Re-run the statements recorded in ``graph['rebuild']``; their output is suppressed."""
+    rebuilt: list[str] = []
+    saved = locals_ if locals_ is not None else globals_
+    for entry in graph["rebuild"]:
+        stmt = rt.program.statements[entry["index"]]
+        code = compile(_module_of(stmt.node), rt.program.filename, "exec")
+        keep = {k: saved[k] for k in stmt.bound if k in saved and k not in entry["names"]}
+        sink = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                if locals_ is not None:
+                    exec(code, globals_, locals_)
+                else:
+                    exec(code, globals_)
+        except Exception as e:
+            raise CheckpointError(
+                f"restore could not rebuild {', '.join(entry['names'])} by re-running line "
+                f"{stmt.node.lineno}: {type(e).__name__}: {e}") from e
+        saved.update(keep)
+        rebuilt.extend(entry["names"])
+    return rebuilt
+
+
+def _module_of(stmt: ast.stmt) -> ast.Module:
+    return ast.Module(body=[stmt], type_ignores=[])

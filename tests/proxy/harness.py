@@ -1,0 +1,160 @@
+"""Helpers for the subprocess tests: launching CLI runs, reading their events, stop chains."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+PYTHON = sys.executable
+EXIT_PREEMPTED = 75
+
+
+@dataclass
+class Run:
+    rc: int
+    stdout: str
+    stderr: str
+
+    def events(self, kind: Optional[str] = None) -> list[tuple[str, dict]]:
+        """``[proxy] kind {json}`` lines of stderr."""
+        out = []
+        for line in self.stderr.splitlines():
+            if not line.startswith("[proxy] "):
+                continue
+            name, _, payload = line[len("[proxy] "):].partition(" ")
+            try:
+                data = json.loads(payload)
+            except ValueError:
+                continue
+            if kind is None or name == kind:
+                out.append((name, data))
+        return out
+
+    def describe(self) -> str:
+        return f"rc={self.rc}\n--- stdout tail ---\n{self.stdout[-1500:]}\n--- stderr tail ---\n{self.stderr[-3000:]}"
+
+
+class Launcher:
+    """Runs ``python -m backend.proxy ARGS`` as a fresh interpreter or forked from a warm server."""
+
+    def __init__(self, fresh: bool = False) -> None:
+        self.fresh = fresh
+        self._tmp = tempfile.TemporaryDirectory(prefix="proxy-runs-")
+        self._n = 0
+        self._lock = threading.Lock()
+        self._server: Optional[subprocess.Popen] = None
+        if not fresh:
+            self._server = subprocess.Popen(
+                [PYTHON, str(Path(__file__).with_name("forkserver.py"))], cwd=ROOT,
+                env=self._env({}), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    @staticmethod
+    def _env(extra: dict[str, str]) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env.update(extra)
+        return env
+
+    def close(self) -> None:
+        if self._server is not None:
+            assert self._server.stdin is not None
+            self._server.stdin.close()
+            self._server.wait(timeout=30)
+            self._server = None
+        self._tmp.cleanup()
+
+    def start(self, args: list[str], env: Optional[dict[str, str]] = None) -> "Handle":
+        with self._lock:
+            self._n += 1
+            base = Path(self._tmp.name) / f"run{self._n}"
+        out, err = base.with_suffix(".out"), base.with_suffix(".err")
+        if self.fresh:
+            with open(out, "w") as fo, open(err, "w") as fe:
+                proc = subprocess.Popen([PYTHON, "-m", "backend.proxy", *args], cwd=ROOT,
+                                        env=self._env(env or {}), stdout=fo, stderr=fe)
+            return Handle(self, proc.pid, out, err, proc)
+        assert self._server is not None and self._server.stdin is not None and self._server.stdout is not None
+        request = {"argv": args, "env": env or {}, "cwd": str(ROOT), "stdout": str(out), "stderr": str(err)}
+        self._server.stdin.write(json.dumps(request) + "\n")
+        self._server.stdin.flush()
+        pid = json.loads(self._server.stdout.readline())["pid"]
+        return Handle(self, pid, out, err, None)
+
+    def run(self, args: list[str], env: Optional[dict[str, str]] = None, timeout: float = 120) -> Run:
+        return self.start(args, env).wait(timeout)
+
+
+@dataclass
+class Handle:
+    launcher: Launcher
+    pid: int
+    out: Path
+    err: Path
+    proc: Optional[subprocess.Popen]
+
+    def stderr_so_far(self) -> str:
+        return self.err.read_text() if self.err.exists() else ""
+
+    def wait(self, timeout: float = 120) -> Run:
+        if self.proc is not None:
+            rc = self.proc.wait(timeout=timeout)
+        else:
+            server = self.launcher._server
+            assert server is not None and server.stdout is not None
+            rc = json.loads(server.stdout.readline())["rc"]
+        return Run(rc, self.out.read_text(), self.err.read_text())
+
+
+# --------------------------------------------------------------------------- stop chains
+def trace_of(launcher: Launcher, target: list[str], tmp: Path, env: Optional[dict[str, str]] = None) -> tuple[Run, list[dict]]:
+    """The uninterrupted run (under the engine) and its list of safe points."""
+    trace = tmp / "trace.jsonl"
+    run = launcher.run(target + ["--checkpoint-dir", str(tmp / "ck-base"), "--trace", str(trace)], env)
+    assert run.rc == 0, run.describe()
+    return run, [json.loads(line) for line in trace.read_text().splitlines()]
+
+
+def pick_stops(trace: list[dict], seed: int, extra: int) -> list[int]:
+    """First iteration, a stop between two loops, the last iterations, plus ``extra`` random ones."""
+    loops = [t["step"] for t in trace if t["kind"] == "loop"]
+    between = [t["step"] for prev, t in zip(trace, trace[1:])
+               if t["kind"] == "boundary" and prev["kind"] == "loop"
+               and any(u["kind"] == "loop" for u in trace if u["step"] > t["step"])]
+    chosen = {loops[0], loops[-1], loops[-2]}
+    rng = random.Random(seed)
+    if between:
+        chosen.add(rng.choice(between))
+    steps = [t["step"] for t in trace]
+    target = min(len(steps), len(chosen) + extra)
+    while len(chosen) < target:
+        chosen.add(rng.choice(steps))
+    return sorted(chosen)
+
+
+def run_chain(launcher: Launcher, target: list[str], stops: list[int], ckdir: Path,
+              env: Optional[dict[str, str]] = None) -> tuple[str, list[Run]]:
+    """Stop at each step of ``stops`` in turn (each run restoring the previous checkpoint)."""
+    runs = []
+    for i, step in enumerate(stops):
+        args = target + ["--checkpoint-dir", str(ckdir), "--stop-at-step", str(step)]
+        run = launcher.run(args + (["--restore"] if i else []), env)
+        assert run.rc == EXIT_PREEMPTED, f"stop at {step}: {run.describe()}"
+        stopped = [d for _, d in run.events("stopped")]
+        assert stopped and stopped[0]["step"] == step, run.describe()
+        if i:
+            restored = [d for _, d in run.events("restore")]
+            assert restored and restored[0]["step"] == stops[i - 1], run.describe()
+        runs.append(run)
+    final = launcher.run(target + ["--checkpoint-dir", str(ckdir), "--restore"], env)
+    assert final.rc == 0, final.describe()
+    runs.append(final)
+    return "".join(r.stdout for r in runs), runs

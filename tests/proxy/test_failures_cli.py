@@ -1,0 +1,101 @@
+"""Failure paths through the CLI: unsaveable state, kill -9 mid-write, corrupted checkpoints."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from harness import SCRIPTS, run_chain, trace_of
+
+SLEEP_HOOK = "SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE"
+
+
+def _loop_steps(trace, line):
+    return [t["step"] for t in trace if t["kind"] == "loop" and t["line"] == line]
+
+
+def test_unsaveable_variables_fail_the_checkpoint_but_not_the_program(launcher, tmp_path):
+    target = [str(SCRIPTS / "unsaveable.py")]
+    base, trace = trace_of(launcher, target, tmp_path)
+    phase1 = _loop_steps(trace, 16)
+    run = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "ck1"), "--stop-at-step", str(phase1[2])])
+    assert run.rc == 0, run.describe()
+    assert run.stdout == base.stdout
+    failed = [d for _, d in run.events("checkpoint_failed")]
+    assert len(failed) == 1 and not run.events("checkpointed")
+    assert ["sock", "socket"] in failed[0]["variables"]
+    assert ["numbers", "generator"] in failed[0]["variables"]
+    assert "line 16" in failed[0]["error"] and "`sock`" in failed[0]["error"]
+    assert not list((tmp_path / "ck1").glob("ckpt-*"))
+
+
+def test_unpicklable_lock_is_rebuilt_by_rerunning_its_statement(launcher, tmp_path):
+    target = [str(SCRIPTS / "unsaveable.py")]
+    base, trace = trace_of(launcher, target, tmp_path)
+    stop = _loop_steps(trace, 25)[3]
+    out, runs = run_chain(launcher, target, [stop], tmp_path / "ck")
+    assert out == base.stdout
+    done = [d for _, d in runs[0].events("checkpointed")]
+    assert done and done[0]["rebuilt"] == ["lock"]
+
+
+def test_kill_during_checkpoint_write_keeps_previous_checkpoint(launcher, tmp_path):
+    target = [str(SCRIPTS / "misc.py")]
+    base, trace = trace_of(launcher, target, tmp_path)
+    loops = [t["step"] for t in trace if t["kind"] == "loop"]
+    first, second = loops[3], loops[-5]
+    ck = tmp_path / "ck"
+    a = launcher.run(target + ["--checkpoint-dir", str(ck), "--stop-at-step", str(first)])
+    assert a.rc == 75, a.describe()
+    handle = launcher.start(target + ["--checkpoint-dir", str(ck), "--restore", "--stop-at-step", str(second)],
+                            env={SLEEP_HOOK: "60"})
+    deadline = time.monotonic() + 60
+    while "test hook: sleeping" not in handle.stderr_so_far():
+        assert time.monotonic() < deadline, handle.stderr_so_far()
+        time.sleep(0.02)
+    os.kill(handle.pid, signal.SIGKILL)
+    killed = handle.wait()
+    assert killed.rc == -signal.SIGKILL
+    assert sorted(p.name for p in ck.iterdir()) == [f".ckpt-{second:08d}.tmp", f"ckpt-{first:08d}"]
+    c = launcher.run(target + ["--checkpoint-dir", str(ck), "--restore"])
+    assert c.rc == 0, c.describe()
+    assert [d["step"] for _, d in c.events("restore")] == [first]
+    assert (a.stdout + c.stdout).splitlines() == base.stdout.splitlines()
+
+
+def test_corrupted_checkpoint_is_skipped_with_a_clear_message(launcher, tmp_path):
+    target = [str(SCRIPTS / "misc.py")]
+    base, trace = trace_of(launcher, target, tmp_path)
+    loops = [t["step"] for t in trace if t["kind"] == "loop"]
+    first, second = loops[5], loops[-8]
+    ck = tmp_path / "ck"
+    out, _ = run_chain(launcher, target, [first], ck)  # warm-up: proves the pair works
+    assert out == base.stdout
+    a = launcher.run(target + ["--checkpoint-dir", str(ck), "--stop-at-step", str(first)])
+    b = launcher.run(target + ["--checkpoint-dir", str(ck), "--restore", "--stop-at-step", str(second)])
+    assert (a.rc, b.rc) == (75, 75), b.describe()
+    damaged = ck / f"ckpt-{second:08d}" / "rank-0.pt"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    c = launcher.run(target + ["--checkpoint-dir", str(ck), "--restore"])
+    assert c.rc == 0, c.describe()
+    assert f"ckpt-{second:08d} is damaged and was skipped" in c.stderr
+    assert "sha256" in c.stderr
+    assert [d["step"] for _, d in c.events("restore")] == [first]
+    assert (a.stdout + c.stdout).splitlines() == base.stdout.splitlines()
+
+
+def test_periodic_checkpoints_are_pruned_and_resumable(launcher, tmp_path):
+    target = [str(SCRIPTS / "misc.py")]
+    ck = tmp_path / "ck"
+    base = launcher.run(target + ["--checkpoint-dir", str(ck), "--checkpoint-every", "0.001",
+                                  "--keep-checkpoints"])
+    assert base.rc == 0, base.describe()
+    written = [d for _, d in base.events("checkpointed")]
+    assert len(written) >= 3
+    assert sorted(p.name for p in ck.glob("ckpt-*")) == [f"ckpt-{d['step']:08d}" for d in written[-2:]]
+    resumed = launcher.run(target + ["--checkpoint-dir", str(ck), "--restore"])
+    assert resumed.rc == 0, resumed.describe()
+    assert [d["step"] for _, d in resumed.events("restore")] == [written[-1]["step"]]
+    assert base.stdout.endswith(resumed.stdout)

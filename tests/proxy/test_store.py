@@ -1,0 +1,93 @@
+"""The on-disk format: atomic commits, verification, multi-rank sets, pruning."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from backend.proxy import CheckpointError, CheckpointStore
+from backend.proxy.store import CheckpointDamaged
+
+
+def _bytes(payload: bytes):
+    def writer(f):
+        f.write(payload[: len(payload) // 2])
+        f.write(payload[len(payload) // 2:])
+    return writer
+
+
+def test_commit_layout_manifest_and_latest(tmp_path):
+    store = CheckpointStore(tmp_path)
+    ref = store.write(7, 0, 1, _bytes(b"hello world"))
+    assert ref.path == tmp_path / "ckpt-00000007" and ref.step == 7
+    assert sorted(p.name for p in ref.path.iterdir()) == ["manifest.json", "rank-0.pt"]
+    manifest = json.loads((ref.path / "manifest.json").read_text())
+    assert manifest["format"] == 1 and manifest["step"] == 7 and manifest["world_size"] == 1
+    assert manifest["files"]["rank-0.pt"]["bytes"] == 11
+    assert len(manifest["files"]["rank-0.pt"]["sha256"]) == 64 and manifest["created"]
+    latest = store.latest()
+    assert latest is not None and latest.step == 7 and latest.rank_file(0).read_bytes() == b"hello world"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-00000007"]
+
+
+def test_failed_writer_leaves_previous_checkpoints_untouched(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.write(1, 0, 1, _bytes(b"one"))
+
+    def broken(f):
+        f.write(b"partial")
+        raise TypeError("cannot pickle 'socket' object")
+
+    with pytest.raises(TypeError):
+        store.write(2, 0, 1, broken)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-00000001"]
+    assert store.latest().step == 1
+
+
+def test_damaged_checkpoints_are_skipped_with_a_warning_naming_them(tmp_path):
+    store = CheckpointStore(tmp_path, keep=5)
+    for step in (1, 2, 3, 4):
+        store.write(step, 0, 1, _bytes(b"x" * 100 + bytes([step])))
+    (tmp_path / "ckpt-00000004" / "rank-0.pt").write_bytes(b"y" * 101)  # same size, other bytes
+    (tmp_path / "ckpt-00000003" / "manifest.json").unlink()
+    (tmp_path / "ckpt-00000002" / "rank-0.pt").write_bytes(b"short")
+    with pytest.warns(CheckpointDamaged) as caught:
+        ref = store.latest()
+    assert ref is not None and ref.step == 1
+    messages = [str(w.message) for w in caught]
+    assert "ckpt-00000004" in messages[0] and "sha256" in messages[0]
+    assert "ckpt-00000003" in messages[1] and "manifest.json is missing" in messages[1]
+    assert "ckpt-00000002" in messages[2] and "bytes" in messages[2]
+    with pytest.raises(CheckpointError, match="sha256"):
+        store.verify(tmp_path / "ckpt-00000004")
+
+
+def test_staging_folders_are_never_read_and_are_pruned(tmp_path):
+    store = CheckpointStore(tmp_path, keep=2)
+    store.write(1, 0, 1, _bytes(b"a"))
+    (tmp_path / ".ckpt-00000002.tmp").mkdir()
+    (tmp_path / ".ckpt-00000002.tmp" / "rank-0.pt.part").write_bytes(b"half")
+    assert store.latest().step == 1
+    store.write(3, 0, 1, _bytes(b"b"))
+    store.write(5, 0, 1, _bytes(b"c"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000003", "ckpt-00000005"]
+
+
+def test_multi_rank_set_commits_only_when_every_rank_wrote(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.write(4, 1, 2, _bytes(b"rank one"))
+    assert store.latest() is None and (tmp_path / ".ckpt-00000004.tmp").is_dir()
+    ref = store.write(4, 0, 2, _bytes(b"rank zero"))
+    latest = store.latest()
+    assert latest is not None and latest.path == ref.path and latest.world_size == 2
+    assert latest.rank_file(0).read_bytes() == b"rank zero" and latest.rank_file(1).read_bytes() == b"rank one"
+    assert sorted(p.name for p in ref.path.iterdir()) == ["manifest.json", "rank-0.pt", "rank-1.pt"]
+
+
+def test_same_step_is_replaced_and_clear_removes_everything(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.write(9, 0, 1, _bytes(b"first"))
+    store.write(9, 0, 1, _bytes(b"second"))
+    assert store.latest().rank_file(0).read_bytes() == b"second"
+    store.clear()
+    assert list(tmp_path.iterdir()) == [] and store.latest() is None
