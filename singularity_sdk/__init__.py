@@ -10,6 +10,7 @@ from .client import Client, Job
 from .errors import (
     APIError,
     AuthError,
+    CheckpointFailed,
     ConfigError,
     Conflict,
     InvalidRequest,
@@ -24,7 +25,7 @@ from .local import LocalCluster
 from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
 
 __all__ = [
-    "APIError", "AsyncClient", "AsyncJob", "AuthError", "Client", "ConfigError", "Conflict", "Event", "EventType",
+    "APIError", "AsyncClient", "AsyncJob", "AuthError", "CheckpointFailed", "Client", "ConfigError", "Conflict", "Event", "EventType",
     "InvalidRequest", "Job", "JobCancelled", "JobFailed", "JobInfo", "JobNotFound", "JobState", "LocalCluster",
     "NodeInfo", "SLA", "ServerUnreachable", "SingularityError", "WaitTimeout",
 ]

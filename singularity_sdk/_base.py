@@ -11,6 +11,7 @@ import os
 import site
 import warnings
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -118,10 +119,22 @@ def pickle_callable(fn: Callable[..., Any], args: tuple, kwargs: Optional[dict])
     if by_value:
         cloudpickle.register_pickle_by_value(module)
     try:
-        return cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+        return cloudpickle.dumps((fn, tuple(args), dict(kwargs or {}), _function_source(fn)))
     finally:
         if by_value:
             cloudpickle.unregister_pickle_by_value(module)
+
+
+def _function_source(fn: Callable[..., Any]) -> Optional[str]:
+    """The source of a ``def`` (the worker rewrites its loops into safe points, and has no copy
+    of the user's file to read it from). None for lambdas, builtins and the like."""
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_name == "<lambda>":
+        return None
+    try:
+        return textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return None
 
 
 def pickle_inputs(inputs: dict[str, Any]) -> bytes:

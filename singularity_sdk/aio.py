@@ -52,7 +52,8 @@ class AsyncJob(JobBase):
             return
         url = self._client.ws_url(f"/jobs/{self.id}/events/ws?since={since}")
         try:
-            async with ws_connect(url, additional_headers=self._client.headers, max_size=None) as ws:
+            async with ws_connect(url, additional_headers=self._client.headers, max_size=None,
+                            max_queue=None, close_timeout=2) as ws:
                 async for raw in ws:
                     ev = Event.model_validate(json.loads(raw))
                     yield ev

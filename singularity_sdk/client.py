@@ -56,7 +56,8 @@ class Job(JobBase):
             return
         url = self._client.ws_url(f"/jobs/{self.id}/events/ws?since={since}")
         try:
-            with ws_connect(url, additional_headers=self._client.headers, max_size=None) as ws:
+            with ws_connect(url, additional_headers=self._client.headers, max_size=None,
+                            max_queue=None, close_timeout=2) as ws:
                 for raw in ws:
                     ev = Event.model_validate(json.loads(raw))
                     yield ev

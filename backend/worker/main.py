@@ -7,11 +7,9 @@ agent go to the control pipe.
 """
 from __future__ import annotations
 
-import ast
 import builtins
 import ctypes
 import json
-import linecache
 import os
 import signal
 import sys
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 RESULT_REPR_LIMIT = 20_000
+EXIT_PREEMPTED = 75  # singularity_sdk.protocol.EXIT_PREEMPTED, not imported: see main()
 
 
 class ControlChannel:
@@ -53,22 +52,6 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def compile_cell(source: str, filename: str) -> tuple[Any, Optional[Any]]:
-    """Compile ``source`` like a notebook cell: the body, and its last expression separately."""
-    tree = ast.parse(source, filename=filename)
-    last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        expr = tree.body.pop()
-        last = compile(ast.Expression(expr.value), filename, "eval")
-    return compile(tree, filename, "exec"), last
-
-
-def register_source(source: str, filename: str) -> None:
-    """Make tracebacks show the submitted lines (there is no file on disk to read them from)."""
-    lines = source.splitlines(keepends=True)
-    linecache.cache[filename] = (len(source), None, lines, filename)
-
-
 def format_user_traceback(exc: BaseException, filename: str) -> str:
     """The traceback from the first frame of the user's code on: the worker's frames are noise."""
     tbe = traceback.TracebackException.from_exception(exc)
@@ -89,20 +72,51 @@ def fresh_namespace(filename: str) -> dict[str, Any]:
     return {"__name__": "__main__", "__builtins__": builtins, "__file__": filename, "__doc__": None}
 
 
-def run_source(source: str, filename: str, namespace: dict[str, Any]) -> Any:
-    register_source(source, filename)
-    body, last = compile_cell(source, filename)
-    exec(body, namespace)
-    return eval(last, namespace) if last is not None else None
+def load_program(spec: dict[str, Any]):
+    """The submitted code as a ResumableProgram: a cell/script, or a callable and its arguments."""
+    from backend.proxy import ResumableProgram
 
-
-def run_callable(callable_b64: str) -> Any:
+    if spec.get("source") is not None:
+        return ResumableProgram.from_source(spec["source"], spec["filename"])
     import base64
 
     import cloudpickle
 
-    fn, args, kwargs = cloudpickle.loads(base64.b64decode(callable_b64))
-    return fn(*args, **kwargs)
+    payload = cloudpickle.loads(base64.b64decode(spec["callable_b64"]))
+    fn, args, kwargs = payload[:3]
+    source = payload[3] if len(payload) > 3 else None  # captured by the SDK: the worker has no file
+    return ResumableProgram.from_callable(fn, args, kwargs, source=source)
+
+
+def listen_for_requests(controller) -> None:
+    """The agent's requests arrive as JSON lines on stdin (``{"op": "checkpoint", "then": ...}``).
+
+    They are read from a private duplicate of the descriptor with ``os.read``, and the job's own
+    stdin becomes /dev/null: a thread blocked inside ``sys.stdin`` holds its lock, and a process
+    forked meanwhile (a DataLoader worker closes ``sys.stdin`` on start) would hang on it."""
+    fd = os.dup(0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdin = open(0, "r", closefd=False)
+
+    def loop() -> None:
+        buffer = b""
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if msg.get("op") == "checkpoint":
+                    controller.request_checkpoint(msg.get("then", "continue"), msg.get("reason", ""))
+
+    threading.Thread(target=loop, name="singularity-control", daemon=True).start()
 
 
 def load_inputs(inputs_b64: Optional[str], namespace: dict[str, Any]) -> None:
@@ -158,16 +172,30 @@ def main(argv: Optional[list[str]] = None) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     out_dir = Path(argv[1])
     die_with_parent()
+    from backend.proxy import CheckpointStore, Controller, Preempted
+
     rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     filename = spec["filename"]
     sys.argv = [filename]
+    channel = ControlChannel()
+    store = CheckpointStore(Path(os.environ.get("SINGULARITY_CHECKPOINT_DIR", out_dir / "checkpoints")))
+    controller = Controller(store, rank=rank, world_size=world, checkpoint_every=spec.get("checkpoint_every"),
+                            on_event=channel.send)
     namespace = fresh_namespace(filename)
     try:
-        load_inputs(spec.get("inputs_b64"), namespace)
-        if spec.get("source") is not None:
-            value = run_source(spec["source"], filename, namespace)
+        program = load_program(spec)
+        restore = store.latest() if spec.get("restore") else None
+        if spec.get("restore") and restore is None:
+            sys.stderr.write(f"singularity: no usable checkpoint under {store.root}; starting from the beginning\n")
+        if restore is None:
+            load_inputs(spec.get("inputs_b64"), namespace)
         else:
-            value = run_callable(spec["callable_b64"])
+            channel.send("resumed", {"step": restore.step, "checkpoint": str(restore.path)})
+        listen_for_requests(controller)
+        value = program.run(namespace, controller, restore)
+    except Preempted:
+        return EXIT_PREEMPTED
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code:
@@ -185,6 +213,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         save_result(value, out_dir)
         if spec.get("outputs"):
             save_outputs(spec["outputs"], namespace, out_dir)
+        if world == 1:
+            store.clear()  # the job is done: its checkpoints have served their purpose
     return 0
 
 

@@ -1,0 +1,64 @@
+"""Helpers for the exact-resume tests: run a program uninterrupted, then with interruptions at
+random moments, and compare what it printed and returned."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Callable, Optional
+
+from singularity_sdk import Client, EventType, Job, JobState
+
+PROGRAMS = Path(__file__).parent / "e2e" / "programs"
+
+
+def source(name: str) -> str:
+    return (PROGRAMS / name).read_text()
+
+
+def wait_for_lines(job: Job, count: int) -> None:
+    """Follow the job until it has printed ``count`` lines in all (0: until it has started)."""
+    seen = 0
+    for ev in job.events():
+        if ev.type == EventType.LOG and ev.data.get("stream") == "stdout":
+            seen += 1
+        if (count == 0 and ev.type == EventType.STARTED) or (count > 0 and seen >= count):
+            return
+
+
+def stdout_lines(job: Job) -> list[str]:
+    return [e.data["line"] for e in job.events(follow=False)
+            if e.type == EventType.LOG and e.data.get("stream") == "stdout"]
+
+
+def run_plain(client: Client, code: str, env: Optional[dict] = None, name: str = "plain") -> tuple[list[str], object]:
+    job = client.submit(code, env=env, name=name)
+    assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+    return stdout_lines(job), job.result()
+
+
+def random_stops(seed: int, total_lines: int, count: int) -> list[int]:
+    """``count`` distinct moments, as 'after this many printed lines', within the run."""
+    rng = random.Random(seed)
+    return sorted(rng.sample(range(0, total_lines - 1), count))
+
+
+def run_interrupted(client: Client, code: str, stops: list[int], interrupt: Callable[[Job, int], None],
+                    env: Optional[dict] = None, name: str = "interrupted") -> tuple[Job, list[str], object]:
+    """Run ``code`` and call ``interrupt(job, i)`` once it has printed ``stops[i]`` lines in all."""
+    job = client.submit(code, env=env, name=name)
+    for i, target in enumerate(stops):
+        wait_for_lines(job, target)
+        if job.refresh().state.is_terminal:
+            break
+        interrupt(job, i)
+    assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+    return job, stdout_lines(job), job.result()
+
+
+def preempt_and_resume(job: Job, _i: int) -> None:
+    job.preempt(timeout=60)
+    if job.state == JobState.PREEMPTED:
+        events = list(job.events(follow=False))
+        assert events[-1].type == EventType.PREEMPTED
+        assert events[-1].data.get("step") is not None
+        job.resume()
