@@ -74,7 +74,7 @@ def test_killed_worker_and_killed_agent_jobs_finish_exactly_once(tmp_path):
         expected_lines, expected_result = run_plain(client, code)
         # 1. kill -9 a worker: retried from its newest checkpoint.
         job = client.submit(code, name="worker-killed")
-        wait_for_lines(job, 12)
+        wait_for_event(job, EventType.CHECKPOINTED)
         pid = next(int(p) for e in job.events(follow=False) if e.type == EventType.STARTED
                    for p in e.data["pids"].values())
         os.kill(pid, signal.SIGKILL)
@@ -87,7 +87,7 @@ def test_killed_worker_and_killed_agent_jobs_finish_exactly_once(tmp_path):
 
         # 2. kill -9 the agent of the node the job runs on: node lost, job resumes on the other node.
         job = client.submit(code, name="agent-killed")
-        wait_for_lines(job, 12)
+        wait_for_event(job, EventType.CHECKPOINTED)
         node = _node_of(job)
         worker_pid = next(int(p) for e in job.events(follow=False) if e.type == EventType.STARTED
                           for p in e.data["pids"].values())
@@ -104,6 +104,13 @@ def test_killed_worker_and_killed_agent_jobs_finish_exactly_once(tmp_path):
         assert job.result() == expected_result
         after = [e.data["line"] for e in events if e.seq > _last(events, EventType.RESUMED) and e.type == EventType.LOG]
         assert after and after == expected_lines[-len(after):]
+
+
+def wait_for_event(job, etype) -> None:
+    for ev in job.events():
+        if ev.type == etype:
+            return
+    raise AssertionError(f"job {job.id} ended without {etype.value}")
 
 
 def _last(events, etype) -> int:
