@@ -1,28 +1,25 @@
-"""A small but real training loop: an MLP learns a noisy 2-D spiral, printing its loss every step.
+"""A small but real training loop: an MLP learns which points lie inside a circle, printing
+its loss every step.
 
 Deterministic (seeded), so two runs print the same losses bit for bit, which is how the demo
-shows that a preempted and resumed run matches an uninterrupted one.
+shows that a preempted, resumed and migrated run matches an uninterrupted one.
 """
-import math
+import time
 
 import torch
 from torch import nn
 
 torch.manual_seed(0)
 n = 512
-t = torch.linspace(0, 4 * math.pi, n)
-labels = (torch.arange(n) % 2).float()
-radius = t / (4 * math.pi)
-sign = labels * 2 - 1
-x = torch.stack([radius * torch.cos(t) * sign, radius * torch.sin(t) * sign], dim=1)
-x = x + 0.02 * torch.randn_like(x)
+x = torch.rand(n, 2) * 2 - 1
+labels = ((x ** 2).sum(dim=1) < 0.45).float()
 
 model = nn.Sequential(nn.Linear(2, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
-opt = torch.optim.Adam(model.parameters(), lr=0.01)
+opt = torch.optim.Adam(model.parameters(), lr=0.02)
 loss_fn = nn.BCEWithLogitsLoss()
 
 losses = []
-for step in range(60):
+for step in range(80):
     idx = torch.randint(0, n, (128,))
     opt.zero_grad()
     loss = loss_fn(model(x[idx]).squeeze(1), labels[idx])
@@ -30,7 +27,9 @@ for step in range(60):
     opt.step()
     losses.append(loss.item())
     print(f"step {step:3d} loss {loss.item():.6f}")
+    time.sleep(0.05)  # paced so that a person can watch the demo preempt and move it
 
-accuracy = ((model(x).squeeze(1) > 0).float() == labels).float().mean().item()
+with torch.no_grad():
+    accuracy = ((model(x).squeeze(1) > 0).float() == labels).float().mean().item()
 print(f"final accuracy {accuracy:.3f}")
 {"final_loss": losses[-1], "accuracy": accuracy}

@@ -1,13 +1,18 @@
-"""``singularityctl demo``: a local cluster, a real training job, its events live, a summary."""
+"""``singularityctl demo``: a local cluster, a real training job preempted, resumed and
+migrated while it runs, and its loss curve beside an uninterrupted run's: identical."""
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
 
+from .client import Client, Job
 from .local import LocalCluster
-from .protocol import EventType
+from .protocol import EventType, JobState
 from .render import format_event
+
+LOSS = re.compile(r"step\s+(\d+) loss ([0-9.]+)")
 
 
 def find_example(name: str) -> Path:
@@ -19,34 +24,95 @@ def find_example(name: str) -> Path:
     raise FileNotFoundError(f"examples/{name} not found; run the demo from the project's checkout")
 
 
+def losses(job: Job) -> list[tuple[int, str]]:
+    out = []
+    for ev in job.events(follow=False):
+        if ev.type == EventType.LOG and (m := LOSS.search(ev.data.get("line", ""))):
+            out.append((int(m.group(1)), m.group(2)))
+    return out
+
+
+def show(ev) -> None:
+    if ev.type not in (EventType.LOG, EventType.PROGRESS):
+        print("   ", format_event(ev), flush=True)
+
+
+def follow_until(job: Job, since: int, lines: int) -> int:
+    """Print the job's events until it has printed ``lines`` more loss lines; returns the last seq."""
+    seen = 0
+    for ev in job.events(since=since):
+        show(ev)
+        since = ev.seq
+        if ev.type == EventType.LOG and LOSS.search(ev.data.get("line", "")):
+            seen += 1
+            if seen >= lines:
+                break
+    return since
+
+
 def run_demo(nodes: int = 2, devices_per_node: int = 2) -> int:
     script = find_example("train_mlp.py")
-    print(f"starting a local cluster: {nodes} nodes x {devices_per_node} devices ...", flush=True)
+    print(f"1. starting a local cluster: {nodes} nodes x {devices_per_node} devices ...", flush=True)
     t0 = time.time()
-    with LocalCluster(nodes=nodes, devices_per_node=devices_per_node) as cluster:
-        print(f"server {cluster.url} ready in {time.time() - t0:.1f}s; home {cluster.home}")
-        client = cluster.client()
+    with LocalCluster(nodes=nodes, devices_per_node=devices_per_node) as cluster, cluster.client() as client:
+        print(f"   server {cluster.url} ready in {time.time() - t0:.1f}s (home {cluster.home})")
         for n in client.nodes():
-            print(f"  {n.name}: {len(n.devices)} x {n.devices[0].kind} ({n.devices[0].name})")
-        job = client.submit(script, gpus=1, sla="standard", name="mlp")
-        print(f"submitted {script.name} as {job.id}\n")
-        for ev in job.events():
-            print(format_event(ev), flush=True)
-        state = job.wait()
-        print()
-        if state.value != "succeeded":
-            print(f"job {job.id} ended {state.value}:\n{job.info.error}", file=sys.stderr)
-            return 1
-        result = job.result()
-        events = list(job.events(follow=False))
-        sched = next(e for e in events if e.type == EventType.SCHEDULED)
-        steps = sum(1 for e in events if e.type == EventType.LOG and "loss" in e.data.get("line", ""))
-        print("summary")
-        print(f"  job          {job.id} ({job.name}) {state.value}")
-        print(f"  placement    {', '.join(f'{p.node} {p.devices}' for p in job.placement)}")
-        print(f"  queued->run  {sched.time - job.info.created_at:.3f} s")
-        print(f"  run time     {job.info.ended_at - (job.info.started_at or job.info.created_at):.2f} s")
-        print(f"  loss lines   {steps}; events {len(events)}")
-        print(f"  result       {result}")
-        client.close()
-    return 0
+            print(f"   {n.name}: {len(n.devices)} x {n.devices[0].kind} ({n.devices[0].name})")
+        return _scenario(client, script)
+
+
+def _scenario(client: Client, script: Path) -> int:
+    print(f"\n2. the reference: {script.name} run straight through")
+    reference = client.submit(script, name="mlp-reference")
+    for ev in reference.events():
+        show(ev)
+    if reference.wait() != JobState.SUCCEEDED:
+        print(f"reference run failed:\n{reference.info.error}", file=sys.stderr)
+        return 1
+
+    print("\n3. the same script again; preempted, resumed, then migrated while it trains")
+    job = client.submit(script, name="mlp-moved")
+    since = follow_until(job, 0, 20)
+    print("   -> preempt (checkpoint at the next safe point, free the device)")
+    job.preempt(reason="demo: making room")
+    for ev in job.events(since=since, follow=False):
+        show(ev)
+        since = ev.seq
+    print("   -> resume")
+    job.resume()
+    since = follow_until(job, since, 20)
+    here = job.refresh().placement[0].node
+    there = next((n.name for n in client.nodes() if n.name != here), None)
+    if there:
+        print(f"   -> migrate {here} -> {there}")
+        job.migrate(there, reason="demo: moving to another node")
+    for ev in job.events(since=since):
+        show(ev)
+    if job.wait() != JobState.SUCCEEDED:
+        print(f"job failed:\n{job.info.error}", file=sys.stderr)
+        return 1
+
+    a, b = losses(reference), losses(job)
+    print("\n4. loss curves side by side")
+    print(f"   {'step':>4}  {'uninterrupted':>13}  {'preempted+migrated':>18}")
+    marks = {20, 40}
+    for (sa, la), (sb, lb) in zip(a, b):
+        if sa < 3 or sa % 10 == 0 or sa in marks or sa >= len(a) - 2:
+            print(f"   {sa:>4}  {la:>13}  {lb:>18}  {'same' if la == lb else 'DIFFERENT'}")
+    same = a == b
+    events = list(job.events(follow=False))
+    kinds = [e.type for e in events]
+    print("\nsummary")
+    print(f"   steps compared     {len(a)}; identical: {'yes' if same else 'NO'}")
+    print(f"   preemptions        {kinds.count(EventType.PREEMPTED)}, resumes {kinds.count(EventType.RESUMED)}, "
+          f"migrations {kinds.count(EventType.MIGRATED)}")
+    ck = [e for e in events if e.type == EventType.CHECKPOINTED]
+    if ck:
+        print(f"   checkpoints        {len(ck)}, {ck[-1].data.get('bytes', 0) / 1e3:.1f} KB each, "
+              f"written in {1e3 * max(e.data.get('seconds', 0) for e in ck):.1f} ms at most")
+    moved = [e for e in events if e.type == EventType.MIGRATED]
+    if moved:
+        print(f"   migration          {moved[-1].data['from']} -> {moved[-1].data['to']} "
+              f"in {moved[-1].data['seconds']:.2f} s")
+    print(f"   result             {job.result()}")
+    return 0 if same else 1

@@ -23,6 +23,14 @@ def _size(n: Any) -> str:
     return f"{n:.1f} GB"
 
 
+def _secs(value: Any) -> str:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return "?"
+    return f"{v * 1000:.1f} ms" if v < 1 else f"{v:.2f} s"
+
+
 def describe(ev: Event) -> str:
     """One line that says what happened, e.g. ``scheduled on node-1 [0] (fifo: ...)``."""
     d, t = ev.data, ev.type
@@ -41,7 +49,7 @@ def describe(ev: Event) -> str:
         how = f"signal {d['signal']}" if d.get("signal") else f"code {d.get('code')}"
         return f"rank {d.get('rank')} exited on {d.get('node')} with {how}"
     if t == EventType.SUCCEEDED:
-        return f"succeeded after {d.get('seconds', '?')} s"
+        return f"succeeded after {_secs(d.get('seconds'))}"
     if t == EventType.FAILED:
         err = str(d.get("error", "")).strip().splitlines()
         return f"failed: {err[-1] if err else ''}"
@@ -52,8 +60,8 @@ def describe(ev: Event) -> str:
     if t == EventType.CHECKPOINT_STARTED:
         return f"checkpoint started ({d.get('reason') or 'requested'})"
     if t == EventType.CHECKPOINTED:
-        return (f"checkpointed at step {d.get('step')}: {_size(d.get('bytes'))} in {d.get('seconds', '?')} s "
-                f"(safe point after {d.get('wait_s', '?')} s)")
+        return (f"checkpointed at step {d.get('step')}: {_size(d.get('bytes'))} in {_secs(d.get('seconds'))} "
+                f"(safe point reached after {_secs(d.get('wait_s'))})")
     if t == EventType.CHECKPOINT_FAILED:
         return f"checkpoint failed: {d.get('error')}"
     if t == EventType.PREEMPTING:
@@ -65,7 +73,7 @@ def describe(ev: Event) -> str:
     if t == EventType.MIGRATING:
         return f"migrating from {d.get('from')} ({d.get('reason', '')})"
     if t == EventType.MIGRATED:
-        return f"migrated {d.get('from')} -> {d.get('to')} in {d.get('seconds', '?')} s"
+        return f"migrated {d.get('from')} -> {d.get('to')} in {_secs(d.get('seconds'))}"
     if t == EventType.RESIZING:
         return f"resizing {d.get('from')} -> {d.get('to')} devices ({d.get('reason', '')})"
     if t == EventType.RESIZED:

@@ -195,7 +195,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         listen_for_requests(controller)
         value = program.run(namespace, controller, restore)
     except Preempted:
-        return EXIT_PREEMPTED
+        # The checkpoint is committed and fsynced; tearing down the interpreter (torch's
+        # finalizers) would only delay freeing the device.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_PREEMPTED)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code:
