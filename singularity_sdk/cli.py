@@ -28,7 +28,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from backend.server.main import run
 
     run(args.home, args.host, args.port, args.nodes, args.devices_per_node, args.store, args.checkpoint_every,
-        args.node_timeout)
+        args.node_timeout, args.policy, args.min_move_interval)
     return 0
 
 
@@ -238,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cluster default for periodic checkpoints")
     s.add_argument("--node-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="a node whose agent is silent this long is lost; its jobs resume elsewhere")
+    s.add_argument("--policy", choices=["singularity", "fifo"], default="singularity",
+                   help="scheduling policy (docs/scheduling.md)")
+    s.add_argument("--min-move-interval", type=float, default=60.0, metavar="SECONDS",
+                   help="a job preempted or moved by the scheduler is left alone this long")
     s.set_defaults(fn=cmd_serve)
 
     sub.add_parser("agent", help="run a node agent (see 'singularityctl agent --help')", add_help=False)

@@ -26,7 +26,8 @@ class LocalCluster:
     def __init__(self, nodes: int = 2, devices_per_node: int = 2, *, home: Optional[Path] = None,
                  port: int = 0, start_timeout: float = 60.0, env: Optional[dict[str, str]] = None,
                  store: Optional[str] = None, node_timeout: Optional[float] = None,
-                 checkpoint_every: Optional[float] = None):
+                 checkpoint_every: Optional[float] = None, policy: Optional[str] = None,
+                 min_move_interval: Optional[float] = None):
         self.nodes = nodes
         self.devices_per_node = devices_per_node
         self._own_home = home is None
@@ -41,6 +42,10 @@ class LocalCluster:
             self.extra_args += ["--node-timeout", str(node_timeout)]
         if checkpoint_every is not None:
             self.extra_args += ["--checkpoint-every", str(checkpoint_every)]
+        if policy is not None:
+            self.extra_args += ["--policy", policy]
+        if min_move_interval is not None:
+            self.extra_args += ["--min-move-interval", str(min_move_interval)]
         self.proc: Optional[subprocess.Popen] = None
         self.url = ""
         self.token = ""

@@ -365,7 +365,7 @@ def rewrite_module(source: str, filename: str) -> Rewritten:
     body = list(tree.body)
     head = 0
     while head < len(body) and (
-            (head == 0 and _is_docstring(body[0]))
+            (head == 0 and _is_docstring(body[0]) and len(body) > 1)  # a lone string is the cell's value
             or (isinstance(body[head], ast.ImportFrom) and body[head].module == "__future__")):
         head += 1
     returns_last = bool(body) and len(body) > head and isinstance(body[-1], ast.Expr)

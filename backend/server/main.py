@@ -174,9 +174,11 @@ def _login_name() -> str:
 
 def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node: Optional[int],
         store: Optional[str] = None, checkpoint_every: Optional[float] = None,
-        node_timeout: float = ServiceConfig.node_timeout_s) -> None:
+        node_timeout: float = ServiceConfig.node_timeout_s, policy: str = ServiceConfig.policy,
+        min_move_interval: float = ServiceConfig.min_move_interval_s) -> None:
     home = Path(home) if home else default_home()
     logging.basicConfig(level=os.environ.get("SINGULARITY_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = ServiceConfig(checkpoint_every=checkpoint_every, node_timeout_s=node_timeout)
+    config = ServiceConfig(checkpoint_every=checkpoint_every, node_timeout_s=node_timeout, policy=policy,
+                           min_move_interval_s=min_move_interval)
     asyncio.run(serve(home, host, port, nodes, devices_per_node, config, store))

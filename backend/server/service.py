@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Protocol
 from pydantic import BaseModel
 
 from backend.scheduler.fifo import fifo_policy
-from backend.scheduler.types import Action, JobView, NodeView, Place, Snapshot
+from backend.scheduler.types import Action, JobView, Migrate, NodeView, Place, Preempt, Resize, Snapshot
 from singularity_sdk.protocol import (
     EXIT_PREEMPTED,
     MAX_CODE_BYTES,
@@ -79,16 +79,20 @@ class ServiceConfig:
     stop_grace_s: float = 1.0
     #: cluster default for jobs that do not set checkpoint_every (None: only on request)
     checkpoint_every: Optional[float] = None
+    #: the scheduling policy: "singularity" (tiers, preemption, defragmentation) or "fifo"
+    policy: str = "singularity"
+    #: a job preempted or moved less than this long ago is not moved again (anti-thrash)
+    min_move_interval_s: float = 60.0
 
 
 Policy = Callable[[Snapshot], list[Action]]
 
 
 class Service:
-    def __init__(self, store: Store, config: ServiceConfig = ServiceConfig(), policy: Policy = fifo_policy):
+    def __init__(self, store: Store, config: ServiceConfig = ServiceConfig(), policy: Optional[Policy] = None):
         self.store = store
         self.config = config
-        self.policy = policy
+        self.policy = policy or make_policy(config)
         self.hub = Hub()
         self.links: dict[str, AgentLink] = {}
         self._schedule_hook: Callable[[], None] = self.schedule_now
@@ -572,6 +576,8 @@ class Service:
         for row in self.store.active_job_rows():
             if row["not_before"] is not None and row["not_before"] > now:
                 continue  # backing off before a retry
+            if row["state"] == JobState.PREEMPTED.value:
+                continue  # preempted by its user: it waits for them to resume it
             placement = {p["node"]: tuple(p["devices"]) for p in json.loads(row["placement_json"])}
             jobs.append(
                 JobView(id=row["id"], user=row["user"], sla=row["sla"], state=JobState(row["state"]),
@@ -582,12 +588,33 @@ class Service:
         return Snapshot(now=time.time(), nodes=nodes, jobs=tuple(jobs))
 
     def schedule_now(self) -> list[Action]:
-        actions = self.policy(self.snapshot())
+        """One round: the policy's actions, applied in order.
+
+        Preemptions and migrations complete asynchronously (a checkpoint first), so while any is
+        in flight no new one starts: the next round, triggered when the devices come free, sees
+        the outcome instead of taking more victims for the same need. A Place whose devices are
+        still held waits for that round too."""
+        snapshot = self.snapshot()
+        actions = self.policy(snapshot)
+        moving = any(j.state in (JobState.PREEMPTING, JobState.MIGRATING, JobState.RESIZING) for j in snapshot.jobs)
+        held = {(n.name, d) for n in snapshot.nodes for d in n.used}
         for action in actions:
-            if isinstance(action, Place):
-                self._apply_place(action)
-            else:
-                log.warning("policy returned %s, which this server does not apply yet", type(action).__name__)
+            try:
+                if isinstance(action, Place):
+                    if any((node, d) in held for node, devs in action.placement.items() for d in devs):
+                        continue
+                    self._apply_place(action)
+                    held |= {(node, d) for node, devs in action.placement.items() for d in devs}
+                elif isinstance(action, Preempt) and not moving:
+                    info = self.store.job_info(action.job_id)
+                    self.preempt(info.user, info.id, action.reason, by="scheduler", requeue=True)
+                elif isinstance(action, Migrate) and not moving:
+                    info = self.store.job_info(action.job_id)
+                    self.migrate(info.user, info.id, next(iter(action.placement)), action.reason, by="scheduler")
+                elif isinstance(action, Resize):
+                    log.info("policy asked to resize %s; elastic resize is not available yet", action.job_id)
+            except ServiceError as exc:  # the world moved since the snapshot (a job ended meanwhile)
+                log.info("skipped %s for %s: %s", type(action).__name__, action.job_id, exc.message)
         return actions
 
     def _apply_place(self, action: Place) -> None:
@@ -727,6 +754,20 @@ class Service:
                 return n
         raise ServiceError(404, f"no node '{name}'; nodes are: {', '.join(n.name for n in self.store.nodes())}",
                            "node")
+
+
+def make_policy(config: ServiceConfig) -> Policy:
+    """The live policy. Jobs are not shrunk (every tier's minimum is its full size) until
+    elastic resize lands: capacity is taken back by preemption and migration only."""
+    if config.policy == "fifo":
+        return fifo_policy
+    if config.policy != "singularity":
+        raise ValueError(f"unknown policy {config.policy!r}; choose from: singularity, fifo")
+    from backend.scheduler.singularity import SingularityPolicy
+    from backend.scheduler.tiers import PolicyConfig
+
+    return SingularityPolicy(PolicyConfig(standard_min_fraction=1.0, basic_min_fraction=1.0,
+                                          min_move_interval_s=config.min_move_interval_s, overhead_s=5.0))
 
 
 def _free_port() -> int:
