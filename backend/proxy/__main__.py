@@ -49,18 +49,24 @@ def _say(kind: str, data: Any) -> None:
     print(f"[proxy] {kind} {json.dumps(data, default=str)}", file=sys.stderr, flush=True)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    args = _parse(sys.argv[1:] if argv is None else argv)
-    import torch
-
-    torch.set_num_threads(args.threads)
+def _fix_threads(torch: types.ModuleType, threads: int) -> None:
+    """Fixed thread counts: intra-op thread counts change float results, so every run must match."""
+    torch.set_num_threads(threads)
     try:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set (e.g. when called twice in one process)
         pass
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
     import cloudpickle
 
     from . import CheckpointError, CheckpointStore, Controller, Preempted, ResumableProgram
+    from .lazy import when_imported
+
+    # when (and only if) the script imports torch: a torch-free script never loads it
+    when_imported("torch", lambda torch: _fix_threads(torch, args.threads))
 
     script = Path(args.script).resolve()
     module = types.ModuleType("__main__")

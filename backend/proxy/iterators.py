@@ -28,44 +28,30 @@ import collections
 import itertools
 import types
 import warnings
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
-import numpy as np
-import torch
-from torch.utils.data import DataLoader, IterableDataset
-from torch.utils.data import sampler as _samplers
-
-from . import rng
+from . import lazy, rng
 from .errors import CheckpointError, CheckpointFailure
 
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from torch.utils.data import DataLoader
+
+
+class _SequenceProtocol:
+    """Iterated through ``__getitem__``: its iterator type is the one ``iter(ndarray)`` returns."""
+
+    def __getitem__(self, index: int) -> Any:
+        raise IndexError(index)
+
+
+#: numpy arrays and torch tensors count as sequences too (`lazy.is_array`)
 _SEQ_TYPES = (list, tuple, range, str, bytes, bytearray, dict, set, frozenset, array.array,
-              np.ndarray, torch.Tensor, collections.deque,
-              type({}.keys()), type({}.values()), type({}.items()))
+              collections.deque, type({}.keys()), type({}.values()), type({}.items()))
 _SETSTATE_ITERS = tuple({type(iter(x)) for x in ([], (), range(1), "", "\u20ac", b"", bytearray(),
-                                                  np.zeros(1))})
+                                                  _SequenceProtocol())})
 #: builtin iterators over builtin collections: their pickle holds their position and they draw no RNG
 _POSITION_ITERS = _SETSTATE_ITERS + tuple({type(iter(x)) for x in ({}, {}.values(), {}.items(), set())})
-_TORCH_SAMPLERS = (_samplers.SequentialSampler, _samplers.RandomSampler, _samplers.SubsetRandomSampler,
-                   _samplers.WeightedRandomSampler, _samplers.BatchSampler)
-try:  # DistributedSampler draws from its own seed, not from the global generators
-    from torch.utils.data.distributed import DistributedSampler
-    _TORCH_SAMPLERS = _TORCH_SAMPLERS + (DistributedSampler,)
-except ImportError:  # pragma: no cover
-    pass
-
-
-def _module_method_codes() -> frozenset:
-    """Code objects of nn.Module's member generators (parameters() etc.): they draw no RNG."""
-    codes = set()
-    for name in ("parameters", "named_parameters", "buffers", "named_buffers", "children",
-                 "named_children", "modules", "named_modules", "_named_members"):
-        fn = getattr(torch.nn.Module, name, None)
-        if fn is not None and hasattr(fn, "__code__"):
-            codes.add(fn.__code__)
-    return frozenset(codes)
-
-
-_RNG_FREE_GENERATOR_CODES = _module_method_codes()
 
 
 class Leaf:
@@ -122,7 +108,7 @@ def _loader_generators(loader: DataLoader) -> list[torch.Generator]:
     gens: list[torch.Generator] = []
     for holder in (loader, loader.sampler, getattr(loader.batch_sampler, "sampler", None), loader.batch_sampler):
         g = getattr(holder, "generator", None)
-        if isinstance(g, torch.Generator) and all(g is not x for x in gens):
+        if lazy.is_torch_generator(g) and all(g is not x for x in gens):
             gens.append(g)
     return gens
 
@@ -130,22 +116,22 @@ def _loader_generators(loader: DataLoader) -> list[torch.Generator]:
 def _classify(leaf: Leaf) -> str:
     """Pick a leaf's strategy and say what RNG snapshot it needs: '', 'torch' or 'full'."""
     v = leaf.value
-    if isinstance(v, DataLoader):
+    if lazy.is_dataloader(v):
         leaf.kind = "dataloader"
-        mapstyle = not isinstance(v.dataset, IterableDataset)
+        mapstyle = not lazy.is_iterable_dataset(v.dataset)
         leaf.mode = "skip" if v.num_workers == 0 and mapstyle else "replay"
-        custom = not isinstance(v.sampler, _TORCH_SAMPLERS) or (
-            v.batch_sampler is not None and not isinstance(v.batch_sampler, _TORCH_SAMPLERS))
+        custom = not lazy.is_builtin_sampler(v.sampler) or (
+            v.batch_sampler is not None and not lazy.is_builtin_sampler(v.batch_sampler))
         in_process_replay = leaf.mode == "replay" and v.num_workers == 0
         return "full" if custom or in_process_replay else "torch"
-    if isinstance(v, _SEQ_TYPES):
+    if isinstance(v, _SEQ_TYPES) or lazy.is_array(v):
         leaf.kind = "seq"
         return ""
     if hasattr(type(v), "__next__"):  # an iterator; calling iter() here could have side effects
         leaf.kind = "iterator"
         if type(v) in _POSITION_ITERS:
             return ""
-        if getattr(v, "gi_code", None) in _RNG_FREE_GENERATOR_CODES:
+        if lazy.is_rng_free_generator(v):
             return ""
         return "full"
     leaf.kind = "iterable"

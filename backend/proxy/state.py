@@ -2,7 +2,10 @@
 
 Everything of one rank goes into a single ``torch.save(graph, f, pickle_module=<cloudpickle>)``
 call, so objects shared between variables, loop iterators and the items a loop is working on stay
-shared after a restore, and tensor storages are written once, device-independently.
+shared after a restore, and tensor storages are written once, device-independently.  When torch
+has not been imported (so there can be no tensors) the same graph is written as one plain pickle
+by the same pickler instead, sparing a torch-free job the torch import; `load_graph` tells the
+two apart by torch's zip signature.
 
 Our pickler extends cloudpickle in four ways:
 
@@ -35,10 +38,8 @@ import types
 from typing import TYPE_CHECKING, Any, Optional
 
 import cloudpickle
-import torch
-from torch.utils.data import DataLoader
 
-from . import iterators, rng
+from . import iterators, lazy, rng
 from .errors import CheckpointError, CheckpointFailure
 from .rewrite import PREFIX
 
@@ -61,6 +62,8 @@ except AttributeError as _e:  # pragma: no cover
     raise ImportError(f"backend.proxy needs cloudpickle 3.x internals ({_e}); install cloudpickle>=3,<4") from _e
 
 GRAPH_FORMAT = 1
+#: the first bytes of every file torch.save writes (a zip archive); a plain pickle starts with 0x80
+_ZIP_MAGIC = b"PK\x03\x04"
 _SKIP_NAMES = frozenset({"__builtins__", "__loader__", "__spec__"})
 #: (namespace, own): functions whose globals are ``namespace`` are saved bound to it; ``own`` says it is
 #: the program's own namespace (restored from the checkpoint, so everything defined there goes by value)
@@ -140,7 +143,7 @@ class ProxyPickler(cloudpickle.Pickler):
             if obj.closed:  # e.g. left behind by `with open(...) as f:`; nothing to resume in it
                 return ClosedFile, (str(getattr(obj, "name", "")), str(getattr(obj, "mode", "")))
             raise pickle.PicklingError(f"cannot save an open file or stream ({obj!r})")
-        if isinstance(obj, DataLoader):
+        if lazy.is_dataloader(obj):
             state = dict(obj.__dict__)
             state["_iterator"] = None  # a live persistent-workers iterator; recreated by iter()
             return copyreg.__newobj__, (t,), state
@@ -151,9 +154,7 @@ class _ProbePickler(ProxyPickler):
     """Pickles to nowhere and skips tensor data: tells whether an object can be saved, cheaply."""
 
     def persistent_id(self, obj: Any) -> Optional[str]:
-        if isinstance(obj, torch.storage.TypedStorage) or torch.is_storage(obj):
-            return "storage"
-        return None
+        return "storage" if lazy.is_storage(obj) else None
 
 
 class _Sink:
@@ -189,6 +190,8 @@ PICKLE_MODULE = _pickle_module()
 
 def _map_location(storage: Any, location: str) -> Any:
     """CUDA tensors land on this rank's current device, or on the CPU where there is none."""
+    import torch  # only torch.load calls this
+
     if location.startswith("cuda"):
         if torch.cuda.is_available():
             return storage.cuda(torch.cuda.current_device())
@@ -352,7 +355,7 @@ def _write_checkpoint(rt: "Runtime", boundary: Optional[int]) -> tuple["Checkpoi
         written: dict[str, Any] = {}
 
         def writer(f: Any) -> None:
-            torch.save(graph, f, pickle_module=PICKLE_MODULE, pickle_protocol=4)
+            save_graph(graph, f)
             written["bytes"] = f.bytes
 
         try:
@@ -403,12 +406,33 @@ def _graph(rt: "Runtime", position: list[dict], namespace: dict, saved_locals: O
         "rng": rng.capture(full=True),
         "rebuild": [{"index": i, "names": sorted(n)} for i, n in sorted(by_statement.items())],
         "meta": {"created": time.time(), "rank": rt.ctl.rank, "world_size": rt.ctl.world_size,
-                 "python": platform.python_version(), "torch": torch.__version__,
+                 "python": platform.python_version(),
+                 "torch": getattr(lazy.torch(), "__version__", None),  # None: torch not loaded
                  "filename": rt.program.filename},
     }
 
 
+def save_graph(graph: dict, f: Any) -> None:
+    """torch.save when torch is loaded (tensors, storages written once); else a plain pickle."""
+    torch = lazy.torch()
+    if torch is not None:
+        torch.save(graph, f, pickle_module=PICKLE_MODULE, pickle_protocol=4)
+    else:  # nothing in the graph can be a tensor, and importing torch would cost ~1 s
+        ProxyPickler(f, protocol=4).dump(graph)
+
+
 # --------------------------------------------------------------------------- reading
+def _read_graph(path: Any) -> Any:
+    """Read a file `save_graph` wrote; torch is imported only for a torch.save archive."""
+    with open(path, "rb") as f:
+        if f.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
+            f.seek(0)
+            return pickle.load(f)
+    import torch
+
+    return torch.load(path, map_location=_map_location, pickle_module=PICKLE_MODULE, weights_only=False)
+
+
 def load_graph(ref: "CheckpointRef", rank: int, target_namespace: dict, identity: str) -> dict:
     """Load one rank's file; functions of the program get ``target_namespace`` as globals."""
     path = ref.rank_file(rank)
@@ -417,7 +441,7 @@ def load_graph(ref: "CheckpointRef", rank: int, target_namespace: dict, identity
                               f"{ref.world_size} ranks)")
     token = _LOAD_NS.set(target_namespace)
     try:
-        graph = torch.load(path, map_location=_map_location, pickle_module=PICKLE_MODULE, weights_only=False)
+        graph = _read_graph(path)
     except Exception as e:
         raise CheckpointError(f"cannot load {path}: {type(e).__name__}: {e}. If the code or its imports "
                               f"changed since the checkpoint, restore with the original code or start over.") from e
