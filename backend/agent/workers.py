@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional

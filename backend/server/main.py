@@ -67,7 +67,7 @@ def start_local_agents(home: Path, url: str, agent_token: str, nodes: int, devic
         pid = _alive_agent(pid_file)
         if pid is None:
             ckpt_root = agents_dir / name / "checkpoint-cache" if store else home / "checkpoints"
-            cmd = [sys.executable, "-m", "backend.agent", "--server", url, "--token", agent_token, "--name", name,
+            cmd = [sys.executable, "-m", "backend.agent", "--server", url, f"--token={agent_token}", "--name", name,
                    "--home", str(agents_dir / name), "--checkpoint-root", str(ckpt_root), "--orphan-timeout", "60"]
             if store:
                 cmd += ["--store", store]

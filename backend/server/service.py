@@ -292,7 +292,7 @@ class Service:
 
     def resume(self, user: str, job_id: str) -> JobInfo:
         """Put a preempted job back in the queue; it continues from its newest checkpoint."""
-        info = self._require(user, job_id, JobState.PREEMPTED, "resumed")
+        self._require(user, job_id, JobState.PREEMPTED, "resumed")
         with self.store.tx():
             self.store.update_job(job_id, state=JobState.QUEUED.value, placement_json="[]")
         self._schedule_hook()

@@ -16,7 +16,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 RESULT_REPR_LIMIT = 20_000
 EXIT_PREEMPTED = 75  # singularity_sdk.protocol.EXIT_PREEMPTED, not imported: see main()

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 
 def ctl(cluster, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:

@@ -87,9 +87,14 @@ def test_corrupted_checkpoint_is_skipped_with_a_clear_message(launcher, tmp_path
 
 
 def test_periodic_checkpoints_are_pruned_and_resumable(launcher, tmp_path):
-    target = [str(SCRIPTS / "misc.py")]
+    # A paced loop: 30 iterations of 20 ms with a checkpoint due every 50 ms gives about a dozen
+    # checkpoints whatever the machine's load (a loop without pauses could finish before two).
+    script = tmp_path / "paced.py"
+    script.write_text("import random, time\nrandom.seed(1)\nfor i in range(30):\n"
+                      "    print(i, random.random(), flush=True)\n    time.sleep(0.02)\n")
+    target = [str(script)]
     ck = tmp_path / "ck"
-    base = launcher.run(target + ["--checkpoint-dir", str(ck), "--checkpoint-every", "0.001",
+    base = launcher.run(target + ["--checkpoint-dir", str(ck), "--checkpoint-every", "0.05",
                                   "--keep-checkpoints"])
     assert base.rc == 0, base.describe()
     written = [d for _, d in base.events("checkpointed")]

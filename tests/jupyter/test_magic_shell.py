@@ -1,0 +1,174 @@
+"""``%%singularity`` through an in-process IPython shell against a real LocalCluster."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+from IPython.core.error import UsageError
+
+from jupyter_helpers import LONG_LOOP, cancel_quietly, magics, wait_until
+from jupyter_ext.results import RemoteCellError
+from singularity_sdk import Job, JobState
+
+
+def test_result_variables_and_output_come_back(shell, capsys, monkeypatch):
+    # In CI mode: plain text even though widgets were asked for.
+    monkeypatch.setenv("SINGULARITY_NONINTERACTIVE", "1")
+    shell.run_line_magic("singularity_config", "--widgets on")
+    widgets_before = set(magics(shell).widgets)
+    shell.user_ns.update(base=10, data=[1, 2, 3], label="run")
+    value = shell.run_cell_magic("singularity", "--name vars -o vjob",
+                                 "print('hello from', label)\ny = base * 2\ndata.append(4)\n"
+                                 "def double(v):\n    return 2 * v\nsum(data) + y")
+    assert value == 30
+    assert shell.user_ns["y"] == 20
+    assert shell.user_ns["data"] == [1, 2, 3, 4]   # changed in place on the cluster, brought back
+    assert shell.user_ns["double"](21) == 42       # functions defined in the cell come back too
+    out = capsys.readouterr().out
+    assert "\nhello from run\n" in out and "scheduled on node-" in out and "succeeded" in out
+    assert set(magics(shell).widgets) == widgets_before
+    job = shell.user_ns["vjob"]
+    assert isinstance(job, Job) and job.name == "vars" and job.state == JobState.SUCCEEDED
+
+
+def test_no_pull_and_the_pull_limit(shell, capsys):
+    for name in ("fresh", "blob"):
+        shell.user_ns.pop(name, None)
+    code = "fresh = 1\nblob = b'x' * 100_000\nlen(blob) + fresh"
+    assert shell.run_cell_magic("singularity", "--no-pull -o pulled", code) == 100_001
+    assert "fresh" not in shell.user_ns and "blob" not in shell.user_ns
+    shell.run_line_magic("singularity_config", "--pull-limit-mb 0.01")
+    assert shell.run_line_magic("singularity", "attach pulled --wait") == 100_001
+    assert "blob" not in shell.user_ns
+    assert "over the pull limit of 0.01 MB" in capsys.readouterr().err
+    shell.run_line_magic("singularity_config", "--pull-limit-mb 1")
+    shell.run_line_magic("singularity", "attach pulled --wait")
+    assert shell.user_ns["fresh"] == 1 and len(shell.user_ns["blob"]) == 100_000
+
+
+def test_exception_shows_the_remote_traceback(shell, capsys):
+    result = shell.run_cell("%%singularity\nx = 1\n\ndef boom(v):\n    raise ValueError('bad batch ' + str(v + 41))\n\nboom(x)")
+    err = result.error_in_exec
+    assert isinstance(err, RemoteCellError) and str(err) == "ValueError: bad batch 42"
+    rendered = "\n".join(err._render_traceback_())
+    # line numbers as the notebook shows them: line 1 is the %%singularity line
+    assert 'File "<cell>", line 7, in <module>' in rendered and 'File "<cell>", line 5, in boom' in rendered
+    shown = capsys.readouterr()
+    text = shown.out + shown.err
+    assert "raise ValueError('bad batch ' + str(v + 41))" in text and "remote traceback" in text
+    assert text.count("Traceback (most recent call last)") == 1  # the stderr copy is not printed twice
+
+
+@pytest.mark.parametrize("line, needle", [
+    ("--sla gold", "invalid choice: 'gold' (choose from 'premium', 'standard', 'basic')"),
+    ("--on-interrupt ignore", "choose from 'detach', 'cancel', 'preempt'"),
+    ("--gpus 0", "expected a whole number >= 1"),
+    ("-o 1x", "is not a valid Python variable name"),
+    ("--colour red", "valid options: --checkpoint-every, --gpus"),
+])
+def test_bad_options_are_usage_errors_listing_choices(shell, line, needle):
+    with pytest.raises(UsageError, match=None) as err:
+        shell.run_cell_magic("singularity", line, "1")
+    assert needle in str(err.value)
+
+
+def test_other_mistakes_are_usage_errors(shell, jcluster):
+    with pytest.raises(UsageError, match="choose from 'jobs', 'attach'"):
+        shell.run_line_magic("singularity", "jbos")
+    with pytest.raises(UsageError, match="not plain Python.*!cmd"):
+        shell.run_cell_magic("singularity", "", "!ls\nx = 1")
+    with pytest.raises(UsageError, match="no job 'j-nope'"):
+        shell.run_line_magic("singularity", "attach j-nope")
+    with pytest.raises(UsageError, match="choose from 'auto', 'on', 'off'"):
+        shell.run_line_magic("singularity_config", "--widgets maybe")
+    shell.user_ns["lock"] = threading.Lock()
+    with pytest.raises(UsageError, match=r"cannot be sent with the job: lock \(lock"):
+        shell.run_cell_magic("singularity", "", "with lock:\n    pass")
+    with pytest.raises(UsageError, match="ranks"):  # the server's own rule, shown as is
+        shell.run_cell_magic("singularity", "--gpus 2 --ranks 3", "1")
+
+
+def test_ctrl_c_with_on_interrupt_cancel_cancels(shell, jclient, capsys):
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        assert shell.run_cell_magic("singularity", "--name interrupted --on-interrupt cancel", LONG_LOOP) is None
+    finally:
+        timer.cancel()
+    job = magics(shell).last_job
+    assert job.wait(30) == JobState.CANCELLED
+    assert "Ctrl-C: cancel requested" in capsys.readouterr().out
+
+
+def test_widget_follows_preempt_within_a_second(shell):
+    shell.run_line_magic("singularity_config", "--widgets on")
+    job = shell.run_cell_magic("singularity", "--no-wait --name widget", LONG_LOOP)
+    w = magics(shell).widgets[job.id]
+    follower = w.follower
+    wait_until(lambda: w.view.log_lines > 0, what="the job's first output in the widget")
+    assert ">running<" in w.header.value and "node-" in w.placement.value and not w.buttons["preempt"].disabled
+    w.buttons["preempt"].click()
+    took = wait_until(lambda: ">preempting<" in w.header.value and ">preempting</td>" in w.timeline.value,
+                      timeout=5, what="preempting in the badge and the timeline")
+    assert took < 1.0, f"the widget showed the preemption after {took:.2f}s"
+    try:
+        wait_until(lambda: ">preempted<" in w.header.value, timeout=30, what="preempted")
+        assert ">preempted</td>" in w.timeline.value and not w.buttons["resume"].disabled
+        w.buttons["resume"].click()
+        wait_until(lambda: ">resumed</td>" in w.timeline.value, timeout=30, what="resumed")
+        assert ">running<" in w.header.value
+    finally:
+        w.buttons["cancel"].click()
+    wait_until(lambda: ">cancelled<" in w.header.value, timeout=30, what="cancelled")
+    assert all(b.disabled for b in w.buttons.values())
+    follower.join(5)
+    assert not follower.alive, "the follower thread must stop when the job ends"
+
+
+def test_migrate_and_resize_buttons_answer_gracefully(shell):
+    shell.run_line_magic("singularity_config", "--widgets on")
+    job = shell.run_cell_magic("singularity", "--no-wait --name controls", LONG_LOOP)
+    w = magics(shell).widgets[job.id]
+    try:
+        wait_until(lambda: w.view.state == JobState.RUNNING, what="running")
+        for button in ("resize", "migrate"):
+            w.message.value = ""
+            w.buttons[button].click()
+            text = w.message.value
+            assert text and ("not available on this server yet" in text or "refused" in text or "requested" in text), text
+    finally:
+        cancel_quietly(job)
+
+
+def test_jobs_attach_wait_and_logs(shell, jclient, capsys):
+    shell.run_cell_magic("singularity", "--no-wait --name later -o later_job",
+                         "import time\ntime.sleep(0.5)\nprint('late line')\nanswer = 41 + 1\nanswer * 2")
+    shell.user_ns.pop("answer", None)
+    shell.run_line_magic("singularity", "jobs")
+    assert "later" in capsys.readouterr().out
+    assert shell.run_line_magic("singularity", "attach later_job --wait") == 84
+    assert shell.user_ns["answer"] == 42
+    shell.run_line_magic("singularity", "logs later_job")
+    assert "late line" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="only a running job can be"):
+        shell.run_line_magic("singularity", "preempt later_job")
+
+
+def test_cluster_widget_shows_devices_live(shell, jclient, capsys):
+    from jupyter_ext.cluster_widget import ClusterWidget
+
+    shell.run_line_magic("singularity", "cluster")  # text mode in a plain shell
+    assert "node-1" in capsys.readouterr().out
+    w = ClusterWidget(jclient, poll_s=5.0).start()
+    try:
+        wait_until(lambda: "node-2" in w.grid.value, what="both nodes in the grid")
+        job = jclient.submit(LONG_LOOP, name="holder")
+        took = wait_until(lambda: job.id in w.grid.value, timeout=10, what="the job on its device")
+        assert took < 3.0 and "holder" in w.grid.value
+        job.cancel()
+        wait_until(lambda: job.id not in w.grid.value, timeout=10, what="the device freed")
+    finally:
+        w.close()
+    wait_until(lambda: not w.alive, timeout=8, what="the cluster thread to stop")
