@@ -25,7 +25,7 @@ from backend.scheduler.metrics import SimReport  # noqa: E402
 from backend.scheduler.simulator import POLICIES, simulate  # noqa: E402
 from backend.scheduler.trace import load_trace  # noqa: E402
 
-DEFAULT_TRACE = Path("/work/shared/traces/philly-2017-11-06-week.csv")
+DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "philly-2017-11-06-week.csv"
 SIZES = (256, 384, 512)
 SWEEP = (0.0, 30.0, 100.0, 250.0)
 

@@ -11,7 +11,7 @@ from backend.scheduler.trace import TraceJob, assign_tiers, load_trace
 from backend.scheduler.types import Place
 from singularity_sdk.protocol import SLA, JobState
 
-PHILLY = Path("/work/shared/traces/philly-2017-11-06-week.csv")
+PHILLY = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "philly-2017-11-06-week.csv"
 P, S, B = SLA.PREMIUM, SLA.STANDARD, SLA.BASIC
 
 
