@@ -542,15 +542,12 @@ def test_periodic_checkpoints(tmp_path):
     assert len(list((tmp_path / "ck").glob("ckpt-*"))) == 2  # keep=2
 
 
-def test_safe_point_fast_path_is_cheap(tmp_path):
-    """The per-iteration cost stays a small constant (generous bound: noisy shared CPUs)."""
-    n = 200_000
-    plain = "for i in range(N):\n    pass\n".replace("N", str(n))
-    t0 = time.perf_counter()
-    exec(compile(plain, "<p>", "exec"), {})
-    base = time.perf_counter() - t0
-    program = ResumableProgram.from_source(plain)
-    t0 = time.perf_counter()
-    program.run({}, Controller(_store(tmp_path)))
-    per_iter = (time.perf_counter() - t0 - base) / n
-    assert per_iter < 2e-6
+def test_safe_point_fast_path_does_not_touch_the_controller(tmp_path, monkeypatch):
+    """With nothing requested, a safe point is one flag test: the controller's slow path runs only
+    for the once-a-second progress tick. (Its cost is measured in bench/, not asserted here.)"""
+    calls = []
+    real_poll = Controller._poll
+    monkeypatch.setattr(Controller, "_poll", lambda self, rt: calls.append(1) or real_poll(self, rt))
+    t0 = time.monotonic()
+    ResumableProgram.from_source("for i in range(200000):\n    pass\n").run({}, Controller(_store(tmp_path)))
+    assert len(calls) <= 1 + int(time.monotonic() - t0)
