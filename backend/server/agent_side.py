@@ -1,0 +1,257 @@
+"""The agent side of the service: registration, exactly-once event intake, rank exits, and what
+follows when workers or whole nodes disappear (retries from the newest checkpoint)."""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from typing import Any, Callable, Optional
+
+from singularity_sdk.protocol import (
+    EXIT_PREEMPTED,
+    MAX_RESULT_BYTES,
+    AgentEvent,
+    AgentHeartbeat,
+    AgentHello,
+    Event,
+    EventType,
+    JobInfo,
+    JobState,
+    NodeState,
+    StopJob,
+    Welcome,
+)
+
+from .core import AgentLink
+
+log = logging.getLogger("singularity.server")
+
+#: Agent events that only add to the log (no state change), accepted for the current attempt.
+PASS_THROUGH = {EventType.LOG, EventType.PROGRESS, EventType.TELEMETRY, EventType.CHECKPOINT_STARTED}
+
+
+class AgentSide:
+    """Mixed into :class:`~backend.server.service.Service`."""
+
+    def agent_hello(self, link: AgentLink, hello: AgentHello) -> Welcome:
+        with self.store.tx():
+            acked = self.store.upsert_node(hello.node, hello.devices, hello.instance)
+        self.links[hello.node] = link
+        log.info("agent %s connected (%d devices, instance %s)", hello.node, len(hello.devices), hello.instance)
+        self._reconcile(hello.node, {tuple(k) for k in hello.known_jobs})
+        self._schedule_hook()
+        return Welcome(acked_seq=acked, heartbeat_s=self.config.heartbeat_s)
+
+    def _reconcile(self, node: str, known: set[tuple[str, int]]) -> None:
+        """Agree with a (re)connected agent about which workers should exist on its node."""
+        placed_here = {}
+        for row in self.store.active_job_rows():
+            info = self.store.job_info(row["id"])
+            if info.state.holds_devices and any(p.node == node for p in info.placement):
+                placed_here[info.id] = info
+        # Workers the agent has that we did not place (stale attempt, finished job): fence them.
+        for job_id, attempt in known:
+            info = placed_here.get(job_id)
+            if info is None or info.attempt != attempt:
+                self._send(node, StopJob(job_id=job_id, attempt=attempt, reason="stale: not placed here",
+                                         grace_s=self.config.stop_grace_s))
+        # Jobs we placed there whose workers the agent does not know: they are gone.
+        for job_id, info in placed_here.items():
+            if (job_id, info.attempt) not in known:
+                self._job_lost(info, f"its workers on {node} are gone (the node agent restarted)")
+
+    def agent_disconnected(self, link: AgentLink) -> None:
+        if self.links.get(link.node) is link:
+            del self.links[link.node]
+            log.info("agent %s disconnected", link.node)
+
+    def agent_heartbeat(self, node: str, hb: AgentHeartbeat) -> None:
+        self.store.set_node(node, heartbeat_at=time.time())
+
+    def agent_events(self, node: str, events: list[AgentEvent]) -> int:
+        """Apply a batch of agent events exactly once; returns the highest applied agent_seq."""
+        published: list[tuple[str, Event]] = []
+        followups: list[Callable[[], None]] = []
+        with self.store.tx():
+            acked = self.store.node_acked(node)
+            for ae in events:
+                if ae.agent_seq <= acked:
+                    continue  # a replay of something already committed
+                acked = ae.agent_seq
+                self._apply_agent_event(node, ae, published, followups)
+            self.store.set_node(node, acked_seq=acked, heartbeat_at=time.time())
+        by_user: dict[str, list[Event]] = {}
+        for user, ev in published:
+            by_user.setdefault(user, []).append(ev)
+        for user, evs in by_user.items():
+            self._publish(user, evs)
+        for fn in followups:
+            fn()
+        return acked
+
+    def _apply_agent_event(
+        self, node: str, ae: AgentEvent, out: list[tuple[str, Event]], followups: list[Callable[[], None]]
+    ) -> None:
+        row = self.store.job_row(ae.job_id)
+        if row is None or row["attempt"] != ae.attempt:
+            log.info("dropping %s for %s attempt %s (stale or unknown)", ae.type, ae.job_id, ae.attempt)
+            return
+        user = row["user"]
+        state = JobState(row["state"])
+
+        def emit(type: EventType, data: dict[str, Any], when: Optional[float] = None) -> None:
+            out.append((user, self._emit(ae.job_id, type, data, when)))
+
+        if ae.type in PASS_THROUGH:
+            emit(ae.type, ae.data, ae.time)
+        elif ae.type == EventType.CHECKPOINTED:
+            self.store.update_job(ae.job_id, last_checkpoint_json=json.dumps({**ae.data, "time": ae.time}))
+            emit(ae.type, ae.data, ae.time)
+        elif ae.type == EventType.CHECKPOINT_FAILED:
+            emit(ae.type, ae.data, ae.time)
+            if state == JobState.PREEMPTING and row["stop_reason"] == "preempt":
+                # The preemption is answered with the error; the job runs on untouched.
+                self.store.update_job(ae.job_id, state=JobState.RUNNING.value, stop_reason=None,
+                                      stop_detail_json=None)
+        elif ae.type == EventType.RESUMED:
+            emit(ae.type, {**ae.data, "node": node, "attempt": ae.attempt,
+                           "placement": json.loads(row["placement_json"])}, ae.time)
+            if state == JobState.MIGRATING:
+                moved = json.loads(row["migration_json"] or "{}")
+                to = ",".join(p["node"] for p in json.loads(row["placement_json"]))
+                self.store.update_job(ae.job_id, state=JobState.RUNNING.value)
+                emit(EventType.MIGRATED, {"from": moved.get("from"), "to": to, "step": ae.data.get("step"),
+                                          "seconds": round(ae.time - moved.get("requested_at", ae.time), 3)})
+        elif ae.type == EventType.STARTED:
+            if row["started_at"] is None:
+                self.store.update_job(ae.job_id, started_at=ae.time)
+            emit(EventType.STARTED, {**ae.data, "node": node}, ae.time)
+        elif ae.type == EventType.RESULT:
+            blob = ae.data.get("pickle_b64")
+            raw = base64.b64decode(blob) if blob else None
+            err = ae.data.get("error")
+            if raw is not None and len(raw) > MAX_RESULT_BYTES:
+                raw, err = None, f"the result is {len(raw) / 1e6:.1f} MB, over the {MAX_RESULT_BYTES / 1e6:.0f} MB limit; save large outputs to files instead"
+            outs = ae.data.get("outputs_b64")
+            outs_raw = base64.b64decode(outs) if outs else None
+            skipped = dict(ae.data.get("outputs_skipped") or {})
+            if outs_raw is not None and len(outs_raw) > MAX_RESULT_BYTES:
+                skipped["*"] = f"the variables to return are {len(outs_raw) / 1e6:.1f} MB, over the limit"
+                outs_raw = None
+            self.store.update_job(ae.job_id, result_pickle=raw, result_repr=ae.data.get("repr", ""), result_error=err,
+                                  outputs_pickle=outs_raw, outputs_skipped_json=json.dumps(skipped))
+            emit(EventType.RESULT, {"repr": (ae.data.get("repr") or "")[:2000], "bytes": len(raw or b""), "error": err},
+                 ae.time)
+        elif ae.type == EventType.WORKER_EXITED:
+            emit(EventType.WORKER_EXITED, {**ae.data, "node": node}, ae.time)
+            if state.holds_devices:
+                self._rank_exited(row, ae, emit, followups)
+        else:
+            log.warning("agent %s sent an event type the server does not take: %s", node, ae.type)
+
+    def _rank_exited(self, row, ae: AgentEvent, emit, followups: list[Callable[[], None]]) -> None:
+        """Record one rank's exit; once all ranks are down, settle the job by why it stopped."""
+        job_id = row["id"]
+        exited = json.loads(row["exited_json"])
+        rank = int(ae.data.get("rank", 0))
+        code = int(ae.data.get("code", -1))
+        exited[str(rank)] = code
+        updates: dict[str, Any] = {"exited_json": json.dumps(exited)}
+        stop_reason = row["stop_reason"]
+        if code not in (0, EXIT_PREEMPTED) and stop_reason not in ("cancel", "failed", "crashed"):
+            # First failure: the user's code raised (fail) or the process died (retry).
+            why = ae.data.get("error") or f"rank {rank} exited with code {code}"
+            stop_reason = "failed" if ae.data.get("user_error") else "crashed"
+            updates.update(stop_reason=stop_reason, error=why)
+            info = self.store.job_info(job_id)
+            followups.append(lambda info=info: self._stop_everywhere(info, f"rank {rank} {stop_reason}"))
+        if len(exited) < row["ranks"]:
+            self.store.update_job(job_id, **updates)
+            return
+        codes = set(exited.values())
+        stopped_at_checkpoint = EXIT_PREEMPTED in codes and codes <= {0, EXIT_PREEMPTED}
+        detail = json.loads(row["stop_detail_json"] or "{}")
+        updates.update(stop_reason=None, stop_detail_json=None)
+        now = time.time()
+        if stop_reason == "cancel":
+            self._settle(job_id, updates, JobState.CANCELLED, EventType.CANCELLED, {"reason": "workers stopped"}, emit)
+        elif stop_reason == "failed":
+            err = updates.get("error", row["error"])
+            self._settle(job_id, updates, JobState.FAILED, EventType.FAILED, {"error": err}, emit)
+        elif stop_reason == "crashed":
+            self.store.update_job(job_id, **updates)
+            self._retry_or_fail(row, updates.get("error", row["error"]), emit)
+        elif stop_reason == "preempt" and stopped_at_checkpoint:
+            ckpt = json.loads(self.store.job_row(job_id)["last_checkpoint_json"] or "{}")
+            self._settle(job_id, updates, JobState.QUEUED if detail.get("requeue") else JobState.PREEMPTED,
+                         EventType.PREEMPTED,
+                         {**detail, "step": ckpt.get("step"), "bytes": ckpt.get("bytes"), "checkpoint": ckpt.get("path")},
+                         emit)
+        elif stop_reason == "migrate" and stopped_at_checkpoint:
+            self.store.update_job(job_id, **updates)
+            followups.append(lambda: self._migrate_onwards(job_id, detail))
+        else:
+            self._settle(job_id, updates, JobState.SUCCEEDED, EventType.SUCCEEDED,
+                         {"seconds": round(now - (row["started_at"] or now), 3)}, emit)
+        followups.append(self._schedule_hook)
+
+    def _settle(self, job_id: str, updates: dict[str, Any], state: JobState, etype: EventType,
+                data: dict[str, Any], emit) -> None:
+        updates["state"] = state.value
+        if state.is_terminal:
+            updates["ended_at"] = time.time()
+        self.store.update_job(job_id, **updates)
+        emit(etype, data)
+
+    def _retry_or_fail(self, row, why: str, emit) -> None:
+        """Requeue a job whose processes died (not its code), with backoff, from its newest checkpoint."""
+        retries = row["retries"] + 1
+        if retries > self.config.max_retries:
+            err = f"{why}\n(gave up after {row['retries']} retries)"
+            self.store.update_job(row["id"], state=JobState.FAILED.value, ended_at=time.time(), error=err)
+            emit(EventType.FAILED, {"error": err})
+            return
+        delay = min(self.config.retry_backoff_s * 2 ** (retries - 1), 60.0)
+        ckpt = json.loads(row["last_checkpoint_json"] or "{}")
+        self.store.update_job(row["id"], state=JobState.QUEUED.value, retries=retries, stop_reason=None,
+                              exited_json="{}", not_before=time.time() + delay, error=None)
+        emit(EventType.RETRYING, {"attempt": row["attempt"] + 1, "why": why.strip().splitlines()[-1] if why else "",
+                                  "retries": retries, "backoff_s": delay, "from_step": ckpt.get("step")})
+        self._wake_at(time.time() + delay)
+
+    def _job_lost(self, info: JobInfo, why: str) -> None:
+        """Workers vanished without reporting an exit: retry or fail, and free the devices."""
+        row = self.store.job_row(info.id)
+        events: list[Event] = []
+
+        def emit(type: EventType, data: dict[str, Any]) -> None:
+            events.append(self._emit(info.id, type, data))
+
+        with self.store.tx():
+            if row["stop_reason"] == "cancel":
+                self.store.update_job(info.id, state=JobState.CANCELLED.value, ended_at=time.time(), stop_reason=None)
+                emit(EventType.CANCELLED, {"reason": why})
+            else:
+                self._retry_or_fail(row, why, emit)
+        self._publish(info.user, events)
+        self._schedule_hook()
+
+    def check_nodes(self, now: Optional[float] = None) -> None:
+        """Mark nodes whose agent has been silent too long as lost, and move their jobs on."""
+        now = time.time() if now is None else now
+        for n in self.store.nodes():
+            if n.state in (NodeState.LOST, NodeState.DOWN) or n.name in self.links:
+                continue
+            if n.heartbeat_at is not None and now - n.heartbeat_at < self.config.node_timeout_s:
+                continue
+            with self.store.tx():
+                self.store.set_node(n.name, state=NodeState.LOST.value)
+            log.warning("node %s lost: no heartbeat for %.0f s", n.name, now - (n.heartbeat_at or 0))
+            for info in self.store.list_jobs(states=[s.value for s in JobState if s.holds_devices]):
+                if any(p.node == n.name for p in info.placement):
+                    with self.store.tx():
+                        ev = self._emit(info.id, EventType.NODE_LOST,
+                                        {"node": n.name, "silent_s": round(now - (n.heartbeat_at or now), 1)})
+                    self._publish(info.user, [ev])
+                    self._job_lost(info, f"node {n.name} was lost")

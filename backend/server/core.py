@@ -1,0 +1,41 @@
+"""What every part of the service shares: its configuration, its error type, and the handle on
+a connected agent."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+from pydantic import BaseModel
+
+
+class ServiceError(Exception):
+    """An error a client caused, with the HTTP status and the field it concerns."""
+
+    def __init__(self, status: int, message: str, field: Optional[str] = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+
+
+class AgentLink(Protocol):
+    """The server's handle on one connected agent (a WebSocket in production)."""
+
+    node: str
+
+    def send(self, message: BaseModel) -> None: ...
+
+
+@dataclass
+class ServiceConfig:
+    heartbeat_s: float = 1.0
+    node_timeout_s: float = 10.0
+    max_retries: int = 3
+    retry_backoff_s: float = 0.5
+    stop_grace_s: float = 1.0
+    #: cluster default for jobs that do not set checkpoint_every (None: only on request)
+    checkpoint_every: Optional[float] = None
+    #: the scheduling policy: "singularity" (tiers, preemption, defragmentation) or "fifo"
+    policy: str = "singularity"
+    #: a job preempted or moved less than this long ago is not moved again (anti-thrash)
+    min_move_interval_s: float = 60.0

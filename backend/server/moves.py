@@ -1,0 +1,147 @@
+"""Moving running jobs: preempt, resume, checkpoint on request, migrate, and node drain.
+
+Each is a checkpoint request to the job's agents; what happens once the ranks have stopped at
+that checkpoint is settled in ``agent_side`` when their exits arrive."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Optional
+
+from singularity_sdk.protocol import CheckpointJob, EventType, JobInfo, JobState, NodeInfo, NodeState
+
+from .core import ServiceError
+
+log = logging.getLogger("singularity.server")
+
+
+class Moves:
+    """Mixed into :class:`~backend.server.service.Service`."""
+
+    def preempt(self, user: str, job_id: str, reason: str = "", by: Optional[str] = None,
+                requeue: bool = False) -> JobInfo:
+        """Ask the job's ranks to checkpoint at their next safe point and exit; devices are
+        freed when all have. A checkpoint that fails leaves the job running (event says why).
+        ``requeue``: queue it again at once (scheduler and drain), instead of waiting for resume."""
+        info = self._require(user, job_id, JobState.RUNNING, "preempted")
+        detail = {"reason": reason or "preempted by user", "by": by or user, "requeue": requeue}
+        with self.store.tx():
+            self.store.update_job(job_id, state=JobState.PREEMPTING.value, stop_reason="preempt",
+                                  stop_detail_json=json.dumps(detail), moved_at=time.time())
+            ev = self._emit(job_id, EventType.PREEMPTING, detail)
+        self._publish(info.user, [ev])
+        self._checkpoint_everywhere(info, "stop", detail["reason"])
+        return self.store.job_info(job_id)
+
+    def resume(self, user: str, job_id: str) -> JobInfo:
+        """Put a preempted job back in the queue; it continues from its newest checkpoint."""
+        self._require(user, job_id, JobState.PREEMPTED, "resumed")
+        with self.store.tx():
+            self.store.update_job(job_id, state=JobState.QUEUED.value, placement_json="[]")
+        self._schedule_hook()
+        return self.store.job_info(job_id)
+
+    def checkpoint(self, user: str, job_id: str, reason: str = "") -> JobInfo:
+        """A checkpoint at the next safe point; the job keeps running."""
+        info = self._require(user, job_id, JobState.RUNNING, "checkpointed")
+        self._checkpoint_everywhere(info, "continue", reason or f"requested by {user}")
+        return info
+
+    def _require(self, user: str, job_id: str, state: JobState, verb: str) -> JobInfo:
+        info = self.job(user, job_id)
+        if info.state != state:
+            raise ServiceError(409, f"job {job_id} is {info.state.value}; only a {state.value} job can be {verb}",
+                               "job_id")
+        return info
+
+    def _checkpoint_everywhere(self, info: JobInfo, then: str, reason: str) -> None:
+        for p in info.placement:
+            self._send(p.node, CheckpointJob(job_id=info.id, attempt=info.attempt, then=then, reason=reason))
+
+    def migrate(self, user: str, job_id: str, to: Optional[str] = None, reason: str = "",
+                by: Optional[str] = None) -> JobInfo:
+        """Checkpoint the job where it runs, then restore it on ``to`` (or wherever fits)."""
+        info = self._require(user, job_id, JobState.RUNNING, "migrated")
+        sources = {p.node for p in info.placement}
+        if to is not None:
+            node = next((n for n in self.store.nodes() if n.name == to), None)
+            if node is None:
+                names = ", ".join(n.name for n in self.store.nodes())
+                raise ServiceError(404, f"no node '{to}'; nodes are: {names}", "node")
+            if to in sources:
+                raise ServiceError(409, f"job {job_id} already runs on {to}", "node")
+        target = self._find_room(info.gpus, exclude=sources, only=to)
+        if target is None:
+            where = to or "any other node"
+            raise ServiceError(409, f"{where} has no room for {info.gpus} device(s) now; free some or drain later",
+                               "node")
+        detail = {"from": ",".join(sorted(sources)), "to": to, "reason": reason or f"requested by {by or user}",
+                  "by": by or user, "requested_at": time.time()}
+        with self.store.tx():
+            self.store.update_job(job_id, state=JobState.MIGRATING.value, stop_reason="migrate",
+                                  stop_detail_json=json.dumps(detail), migration_json=json.dumps(detail),
+                                  moved_at=time.time())
+            ev = self._emit(job_id, EventType.MIGRATING, detail)
+        self._publish(info.user, [ev])
+        self._checkpoint_everywhere(info, "stop", detail["reason"])
+        return self.store.job_info(job_id)
+
+    def _find_room(self, gpus: int, exclude: set[str] = frozenset(), only: Optional[str] = None):
+        from backend.scheduler.fifo import pick_devices
+
+        snap = self.snapshot()
+        nodes = [n for n in snap.nodes if n.schedulable and n.name not in exclude and (only is None or n.name == only)]
+        return pick_devices(nodes, {n.name: list(n.free) for n in nodes}, gpus)
+
+    def _migrate_onwards(self, job_id: str, detail: dict[str, Any]) -> None:
+        """The source ranks stopped at a checkpoint: start the job at its destination."""
+        row = self.store.job_row(job_id)
+        sources = set(detail.get("from", "").split(","))
+        target = self._find_room(row["gpus"], exclude=sources, only=detail.get("to"))
+        if target is None:  # the room went away meanwhile: wait in the queue, resume anywhere
+            with self.store.tx():
+                self.store.update_job(job_id, state=JobState.QUEUED.value)
+                ev = self._emit(job_id, EventType.PREEMPTED,
+                                {"reason": "migration target is full; waiting for room", "by": "scheduler"})
+            self._publish(row["user"], [ev])
+            self._schedule_hook()
+            return
+        where = ", ".join(f"{n} {list(d)}" for n, d in target.items())
+        self._start_attempt(row, target, f"migration to {where}", JobState.MIGRATING)
+
+    def drain(self, caller_role: str, node: str) -> NodeInfo:
+        """Move every job off ``node`` and take no new work there until undrained."""
+        self._admin(caller_role, "drain")
+        self._node(node)
+        with self.store.tx():
+            self.store.set_node(node, state=NodeState.DRAINING.value)
+        for info in self.store.list_jobs(states=[JobState.RUNNING.value]):
+            if any(p.node == node for p in info.placement):
+                try:
+                    self.migrate(info.user, info.id, reason=f"node {node} is draining", by="drain")
+                except ServiceError as exc:  # no room elsewhere now: checkpoint, queue, resume when there is
+                    log.info("drain %s: %s; preempting %s instead", node, exc.message, info.id)
+                    self.preempt(info.user, info.id, reason=f"node {node} is draining (no room elsewhere)",
+                                 by="drain", requeue=True)
+        self._schedule_hook()
+        return self._node(node)
+
+    def undrain(self, caller_role: str, node: str) -> NodeInfo:
+        self._admin(caller_role, "undrain")
+        if self._node(node).state == NodeState.DRAINING:
+            with self.store.tx():
+                self.store.set_node(node, state=NodeState.READY.value)
+        self._schedule_hook()
+        return self._node(node)
+
+    def _admin(self, role: str, verb: str) -> None:
+        if role != "admin":
+            raise ServiceError(403, f"only the admin token (server.json of 'serve') may {verb} nodes")
+
+    def _node(self, name: str) -> NodeInfo:
+        for n in self.nodes():
+            if n.name == name:
+                return n
+        raise ServiceError(404, f"no node '{name}'; nodes are: {', '.join(n.name for n in self.store.nodes())}",
+                           "node")

@@ -1,0 +1,149 @@
+"""Scheduling rounds: the cluster snapshot the policy sees, applying its actions, and starting
+an attempt of a job on its placement."""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from typing import Callable
+
+from backend.scheduler.fifo import fifo_policy
+from backend.scheduler.types import Action, JobView, Migrate, NodeView, Place, Preempt, Resize, Snapshot
+from singularity_sdk.protocol import EventType, JobState, NodeState, Placement, RankSpec, StartJob
+
+from .core import ServiceConfig, ServiceError
+
+log = logging.getLogger("singularity.server")
+
+Policy = Callable[[Snapshot], list[Action]]
+
+
+class Scheduling:
+    """Mixed into :class:`~backend.server.service.Service`."""
+
+    def snapshot(self) -> Snapshot:
+        nodes_info = self.nodes()
+        nodes = tuple(
+            NodeView(
+                name=n.name,
+                devices=tuple(d.index for d in n.devices),
+                used=dict(n.used),
+                schedulable=n.state == NodeState.READY and n.name in self.links,
+            )
+            for n in nodes_info
+        )
+        jobs = []
+        now = time.time()
+        for row in self.store.active_job_rows():
+            if row["not_before"] is not None and row["not_before"] > now:
+                continue  # backing off before a retry
+            if row["state"] == JobState.PREEMPTED.value:
+                continue  # preempted by its user: it waits for them to resume it
+            placement = {p["node"]: tuple(p["devices"]) for p in json.loads(row["placement_json"])}
+            jobs.append(
+                JobView(id=row["id"], user=row["user"], sla=row["sla"], state=JobState(row["state"]),
+                        gpus=row["gpus"], submitted_at=row["created_at"], last_moved_at=row["moved_at"],
+                        last_checkpoint_at=json.loads(row["last_checkpoint_json"] or "{}").get("time"),
+                        placement=placement if JobState(row["state"]).holds_devices else {})
+            )
+        return Snapshot(now=time.time(), nodes=nodes, jobs=tuple(jobs))
+
+    def schedule_now(self) -> list[Action]:
+        """One round: the policy's actions, applied in order.
+
+        Preemptions and migrations complete asynchronously (a checkpoint first), so while any is
+        in flight no new one starts: the next round, triggered when the devices come free, sees
+        the outcome instead of taking more victims for the same need. A Place whose devices are
+        still held waits for that round too."""
+        snapshot = self.snapshot()
+        actions = self.policy(snapshot)
+        moving = any(j.state in (JobState.PREEMPTING, JobState.MIGRATING, JobState.RESIZING) for j in snapshot.jobs)
+        held = {(n.name, d) for n in snapshot.nodes for d in n.used}
+        for action in actions:
+            try:
+                if isinstance(action, Place):
+                    if any((node, d) in held for node, devs in action.placement.items() for d in devs):
+                        continue
+                    self._apply_place(action)
+                    held |= {(node, d) for node, devs in action.placement.items() for d in devs}
+                elif isinstance(action, Preempt) and not moving:
+                    info = self.store.job_info(action.job_id)
+                    self.preempt(info.user, info.id, action.reason, by="scheduler", requeue=True)
+                elif isinstance(action, Migrate) and not moving:
+                    info = self.store.job_info(action.job_id)
+                    self.migrate(info.user, info.id, next(iter(action.placement)), action.reason, by="scheduler")
+                elif isinstance(action, Resize):
+                    log.info("policy asked to resize %s; elastic resize is not available yet", action.job_id)
+            except ServiceError as exc:  # the world moved since the snapshot (a job ended meanwhile)
+                log.info("skipped %s for %s: %s", type(action).__name__, action.job_id, exc.message)
+        return actions
+
+    def _apply_place(self, action: Place) -> None:
+        row = self.store.job_row(action.job_id)
+        if row is None or JobState(row["state"]) != JobState.QUEUED:
+            return
+        self._start_attempt(row, action.placement, action.reason, JobState.RUNNING)
+
+    def _start_attempt(self, row, placement: dict[str, tuple[int, ...]], reason: str, state: JobState) -> None:
+        """Record a new attempt on ``placement`` and tell each agent involved to start its ranks.
+
+        The attempt number fences everything the previous attempt's processes still send."""
+        job_id = row["id"]
+        attempt = row["attempt"] + 1
+        world = row["ranks"]
+        per_rank = row["gpus"] // world
+        # Ranks take devices in placement order, so co-located ranks are contiguous.
+        flat = [(node, d) for node, devs in placement.items() for d in devs]
+        placements: dict[str, Placement] = {}
+        rank_specs: dict[str, list[RankSpec]] = {}
+        for rank in range(world):
+            mine = flat[rank * per_rank:(rank + 1) * per_rank]
+            node = mine[0][0]
+            p = placements.setdefault(node, Placement(node=node, devices=[], ranks=[]))
+            p.devices.extend(d for _n, d in mine)
+            p.ranks.append(rank)
+            specs = rank_specs.setdefault(node, [])
+            specs.append(RankSpec(rank=rank, local_rank=len(specs), devices=[d for _n, d in mine]))
+        placement_json = [p.model_dump() for p in placements.values()]
+        with self.store.tx():
+            self.store.update_job(job_id, state=state.value, attempt=attempt, stop_reason=None, exited_json="{}",
+                                  placement_json=json.dumps(placement_json), error=None, not_before=None)
+            ev = self._emit(job_id, EventType.SCHEDULED,
+                            {"attempt": attempt, "reason": reason, "placement": placement_json})
+        self._publish(row["user"], [ev])
+        checkpoint = json.loads(row["last_checkpoint_json"])["path"] if row["last_checkpoint_json"] else None
+        master_port = _free_port()
+        for node, specs in rank_specs.items():
+            msg = StartJob(
+                job_id=job_id, attempt=attempt, world_size=world, local_world_size=len(specs), ranks=specs,
+                master_addr="127.0.0.1", master_port=master_port,
+                source=row["source"], callable_b64=row["callable_b64"], filename=row["filename"],
+                inputs_b64=row["inputs_b64"], outputs=json.loads(row["outputs_json"]),
+                env=json.loads(row["env_json"]), checkpoint_every=row["checkpoint_every"] or self.config.checkpoint_every,
+                restore=checkpoint,
+            )
+            if not self._send(node, msg):
+                info = self.store.job_info(job_id)
+                self._job_lost(info, f"node {node} went away while the job was being started")
+                return
+
+
+def make_policy(config: ServiceConfig) -> Policy:
+    """The live policy. Jobs are not shrunk (every tier's minimum is its full size) until
+    elastic resize lands: capacity is taken back by preemption and migration only."""
+    if config.policy == "fifo":
+        return fifo_policy
+    if config.policy != "singularity":
+        raise ValueError(f"unknown policy {config.policy!r}; choose from: singularity, fifo")
+    from backend.scheduler.singularity import SingularityPolicy
+    from backend.scheduler.tiers import PolicyConfig
+
+    return SingularityPolicy(PolicyConfig(standard_min_fraction=1.0, basic_min_fraction=1.0,
+                                          min_move_interval_s=config.min_move_interval_s, overhead_s=5.0))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
