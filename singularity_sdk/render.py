@@ -69,7 +69,8 @@ def describe(ev: Event) -> str:
     if t == EventType.PREEMPTED:
         return f"preempted at step {d.get('step', '?')} ({d.get('reason', '')}; by {d.get('by', 'scheduler')})"
     if t == EventType.RESUMED:
-        return f"resumed from step {d.get('step', '?')} on {_where(d.get('placement', []))}"
+        took = f" (restored in {_secs(d['seconds'])})" if d.get("seconds") is not None else ""
+        return f"resumed at step {d.get('step', '?')} on {_where(d.get('placement', []))}{took}"
     if t == EventType.MIGRATING:
         return f"migrating from {d.get('from')} ({d.get('reason', '')})"
     if t == EventType.MIGRATED:

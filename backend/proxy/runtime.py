@@ -194,6 +194,9 @@ class Runtime:
         self._saved_scope = {}
         self.ctl.last_restore = {"step": self.step, "seconds": time.monotonic() - self.restore_started,
                                  "rebuilt": list(self.rebuilt)}
+        # Reported here, when the position is reached, not when loading begins: "resumed" then
+        # means the next iteration is the first new one (migration times are measured to it).
+        self.ctl._emit("resumed", dict(self.ctl.last_restore))
 
     def go(self, node: int) -> bool:
         return self._path[self._depth]["node"] == node

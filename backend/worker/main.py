@@ -180,8 +180,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     sys.argv = [filename]
     channel = ControlChannel()
     store = CheckpointStore(Path(os.environ.get("SINGULARITY_CHECKPOINT_DIR", out_dir / "checkpoints")))
+    restore_path: list[str] = []
+
+    def on_event(type: str, data: dict[str, Any]) -> None:
+        if type == "resumed":
+            data = {**data, "checkpoint": restore_path[0] if restore_path else None}
+        channel.send(type, data)
+
     controller = Controller(store, rank=rank, world_size=world, checkpoint_every=spec.get("checkpoint_every"),
-                            on_event=channel.send)
+                            on_event=on_event)
     namespace = fresh_namespace(filename)
     try:
         program = load_program(spec)
@@ -191,7 +198,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if restore is None:
             load_inputs(spec.get("inputs_b64"), namespace)
         else:
-            channel.send("resumed", {"step": restore.step, "checkpoint": str(restore.path)})
+            restore_path.append(str(restore.path))  # "resumed" is reported once it is in place
         listen_for_requests(controller)
         value = program.run(namespace, controller, restore)
     except Preempted:
