@@ -28,7 +28,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from backend.server.main import run
 
     run(args.home, args.host, args.port, args.nodes, args.devices_per_node, args.store, args.checkpoint_every,
-        args.node_timeout, args.policy, args.min_move_interval)
+        args.node_timeout, args.policy, args.min_move_interval, args.move_cost)
     return 0
 
 
@@ -242,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="scheduling policy (docs/scheduling.md)")
     s.add_argument("--min-move-interval", type=float, default=60.0, metavar="SECONDS",
                    help="a job preempted or moved by the scheduler is left alone this long")
+    s.add_argument("--move-cost", type=float, default=5.0, metavar="SECONDS",
+                   help="what the policy assumes a preemption or migration costs (defragmentation weighs it)")
     s.set_defaults(fn=cmd_serve)
 
     sub.add_parser("agent", help="run a node agent (see 'singularityctl agent --help')", add_help=False)

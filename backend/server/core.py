@@ -39,3 +39,6 @@ class ServiceConfig:
     policy: str = "singularity"
     #: a job preempted or moved less than this long ago is not moved again (anti-thrash)
     min_move_interval_s: float = 60.0
+    #: what the policy assumes one preemption or migration costs (seconds of a job's devices):
+    #: a defragmenting move happens only when its expected gain beats twice this
+    move_cost_s: float = 5.0

@@ -175,10 +175,11 @@ def _login_name() -> str:
 def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node: Optional[int],
         store: Optional[str] = None, checkpoint_every: Optional[float] = None,
         node_timeout: float = ServiceConfig.node_timeout_s, policy: str = ServiceConfig.policy,
-        min_move_interval: float = ServiceConfig.min_move_interval_s) -> None:
+        min_move_interval: float = ServiceConfig.min_move_interval_s,
+        move_cost: float = ServiceConfig.move_cost_s) -> None:
     home = Path(home) if home else default_home()
     logging.basicConfig(level=os.environ.get("SINGULARITY_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ServiceConfig(checkpoint_every=checkpoint_every, node_timeout_s=node_timeout, policy=policy,
-                           min_move_interval_s=min_move_interval)
+                           min_move_interval_s=min_move_interval, move_cost_s=move_cost)
     asyncio.run(serve(home, host, port, nodes, devices_per_node, config, store))

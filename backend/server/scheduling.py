@@ -140,7 +140,8 @@ def make_policy(config: ServiceConfig) -> Policy:
     from backend.scheduler.tiers import PolicyConfig
 
     return SingularityPolicy(PolicyConfig(standard_min_fraction=1.0, basic_min_fraction=1.0,
-                                          min_move_interval_s=config.min_move_interval_s, overhead_s=5.0))
+                                          min_move_interval_s=config.min_move_interval_s,
+                                          overhead_s=config.move_cost_s))
 
 
 def _free_port() -> int:
