@@ -1,0 +1,751 @@
+"""The proxy's collective backend: a c10d ``ProcessGroup`` that wraps gloo (and NCCL).
+
+`install()` makes the user's ``dist.init_process_group("gloo" | "nccl" | None)`` create a
+`SingularityProcessGroup` instead, registered as the c10d backend ``"singularity"``; the user's
+DDP code runs unmodified on top of it.  The group
+
+* reduces in an order fixed by logical rank (`exact.py`), so results are bitwise identical
+  whatever the placement (``SINGULARITY_REDUCTION=plain`` forwards to gloo/NCCL instead);
+* carries the consistent-cut flag word on every allreduce (`cut.py`);
+* reduces co-located ranks' contributions locally first and lets them take turns on their slot
+  when ``SINGULARITY_PLACEMENT`` puts several ranks in one slot (`splice.py`).
+
+Pitfalls of Python process groups it deals with (see torchft and torch's own code): the C++ side
+keeps the ``(rank, size)`` given to the constructor, so the group is built with the logical
+ones; a ``Work``'s future resolves to the output tensors, never to None or an exception (DDP's
+reducer crashes the process on those; errors travel beside it, see `work.FutureWork`);
+``_set_group_name`` is mirrored in Python (the C++ getter reads a backend this group does not
+have); DDP issues allgather (parameter shape check) and broadcast (module states) at
+construction, broadcasts again after its first step (rebuilt buckets) and, with
+``find_unused_parameters``, allreduces an int map every step; the transport groups are destroyed
+in `shutdown` (left to interpreter teardown, gloo's threads abort the process at exit).
+
+Collectives run one at a time, in issue order, on one worker thread per group (`work.py`).
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import inspect
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch._C._distributed_c10d import AllgatherOptions
+from torch.futures import Future
+
+from . import exact
+from .cut import ConsistentCut, default_cut
+from .placement import Placement
+from .splice import TurnRing
+from .work import EXIT_COLLECTIVE_FAILED, CudaFence, FutureWork, Job, Worker
+
+__all__ = ["BACKEND_NAME", "EXIT_COLLECTIVE_FAILED", "Options", "SingularityProcessGroup", "default_group",
+           "inner_backends", "install", "register", "restore_process_group", "uninstall"]
+
+BACKEND_NAME = "singularity"
+REDUCTION_ENV = "SINGULARITY_REDUCTION"
+#: "0" lets co-located ranks compute concurrently (to measure what turn-taking costs)
+TURNS_ENV = "SINGULARITY_TURNS"
+#: the plain path copies a tensor to append the cut's counters only up to this size
+PLAIN_FLAG_MAX_BYTES = 256 * 1024
+REDUCTIONS = ("exact", "plain")
+
+
+# ---------------------------------------------------------------------------- configuration
+@dataclass
+class Options:
+    """What the patched ``init_process_group`` hands our creator (as its ``pg_options``)."""
+
+    inner: dict[str, str]  # device type -> transport backend ("gloo" / "nccl")
+    wrapped: str  # the backend the user asked for, as they wrote it
+    reduction: str = ""
+    user_options: Any = None
+
+
+def inner_backends(backend: Any) -> dict[str, str]:
+    """Device type -> real backend for what the user passed to ``init_process_group``."""
+    text = str(backend).lower() if backend is not None else ""
+    if text in ("", "undefined", "none", BACKEND_NAME):
+        mapping = {"cpu": "gloo"}
+        if torch.cuda.is_available() and dist.is_nccl_available():
+            mapping["cuda"] = "nccl"
+        return mapping
+    if ":" in text:
+        mapping = {}
+        for part in text.split(","):
+            device, _, name = part.partition(":")
+            mapping[device.strip()] = name.strip()
+    else:
+        mapping = {"cpu": text, "cuda": text}
+    mapping["cpu"] = "gloo"  # flags, ticks and host-staged transfers always need a CPU group
+    for device, name in mapping.items():
+        if name not in ("gloo", "nccl"):
+            raise ValueError(f"the singularity backend wraps gloo and nccl, not {name!r} (for {device})")
+    if "nccl" in mapping.values() and not dist.is_nccl_available():
+        raise RuntimeError("Distributed package doesn't have NCCL built in")  # torch's own message
+    return mapping
+
+
+def _reduction(options: Optional[Options]) -> str:
+    value = (options.reduction if options is not None and options.reduction else
+             os.environ.get(REDUCTION_ENV, "exact")).strip().lower() or "exact"
+    if value not in REDUCTIONS:
+        raise ValueError(f"{REDUCTION_ENV}={value!r}: expected one of {REDUCTIONS}")
+    return value
+
+
+def _reduce_op(opts: Any) -> Any:
+    if opts is None:
+        return dist.ReduceOp.SUM
+    if isinstance(opts, (dist.AllreduceOptions, dist.AllreduceCoalescedOptions, dist.ReduceScatterOptions)):
+        return opts.reduceOp
+    return opts  # a ReduceOp passed positionally
+
+
+def _one(tensors: Any, what: str) -> torch.Tensor:
+    if isinstance(tensors, torch.Tensor):
+        return tensors
+    tensors = list(tensors)
+    if len(tensors) != 1:
+        raise ValueError(f"{what}: the singularity backend takes one tensor per rank (one device per "
+                         f"process), got {len(tensors)}")
+    return tensors[0]
+
+
+# ---------------------------------------------------------------------------- the process group
+class SingularityProcessGroup(dist.ProcessGroup):
+    """One rank's view of a job's collectives: logical ranks outside, placement inside."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta, inner: dict[str, str],
+                 placement: Placement, reduction: str = "exact", cut: Optional[ConsistentCut] = None,
+                 wrapped: str = "gloo", turns: bool = False, job_turns: Optional[TurnRing] = None) -> None:
+        super().__init__(rank, size)
+        if placement.world_size != size:
+            raise ValueError(f"placement {placement.text()!r} does not match group size {size}")
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}")
+        self._rank, self._size = rank, size
+        self.placement = placement
+        self.reduction = reduction
+        self.inner = dict(inner)
+        self.wrapped_backend = wrapped
+        self._timeout = timeout
+        self._order = placement.order
+        self._phys = placement.physical(rank)
+        self._name: Optional[str] = None
+        self._desc = ""
+        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("sg/gloo/", store), self._phys, size, timeout)
+        spliced = placement.max_per_slot > 1
+        self._nccl: Any = None
+        if self.inner.get("cuda") == "nccl" and not spliced:
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("sg/nccl/", store), self._phys, size, opts)
+        # hierarchical (local-first) reduction when some slot holds several ranks
+        self._slot_index = placement.slot_of(rank)
+        self._slot = placement.slots[self._slot_index]
+        self._local: Any = None
+        self._leaders: Any = None
+        if spliced:
+            if len(self._slot) > 1:
+                self._local = dist.ProcessGroupGloo(dist.PrefixStore(f"sg/local/{self._slot_index}/", store),
+                                                    self._slot.index(rank), len(self._slot), timeout)
+            if rank == self._slot[0] and len(placement.slots) > 1:
+                self._leaders = dist.ProcessGroupGloo(dist.PrefixStore("sg/leaders/", store),
+                                                      self._slot_index, len(placement.slots), timeout)
+        self._slot_layouts = [exact.cover(size, slot) for slot in placement.slots]
+        self._flat_layouts = [[(r, r + 1)] for r in self._order]
+        self._buffers = exact.Buffers()
+        self._issue_lock = threading.Lock()
+        self._cut = cut
+        self._worker = Worker(f"singularity-pg-{rank}", cut._resolve if cut is not None else None)
+        self._turns: Optional[TurnRing] = None
+        #: a subgroup of a spliced job yields the default group's ring (it never splits a slot)
+        self._job_turns = job_turns
+        if turns and len(self._slot) > 1:
+            self._turns = TurnRing(dist.PrefixStore(f"sg/turn/{self._slot_index}/", store),
+                                   self._slot.index(rank), len(self._slot), timeout)
+        self._closed = False
+        _LIVE.add(self)
+        if cut is not None:
+            cut._attach(self)
+
+    # ------------------------------------------------------------------ identity
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        if self._name is None:
+            raise ValueError("the process group's name is not set yet")
+        return self._name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
+
+    @property
+    def turns(self) -> Optional[TurnRing]:
+        return self._turns
+
+    def start_turns(self) -> None:
+        """Begin taking turns (after ``init_process_group`` returns: it may hold a barrier)."""
+        if self._turns is not None and not self._turns.holding:
+            self._turns.start()
+
+    def __repr__(self) -> str:
+        return (f"SingularityProcessGroup(rank={self._rank}, size={self._size}, wraps={self.wrapped_backend!r}, "
+                f"reduction={self.reduction!r}, placement={self.placement.text()!r})")
+
+    # ------------------------------------------------------------------ plumbing
+    def _issue(self, run: Callable[[int], tuple[Any, int]], tensors: Sequence[torch.Tensor],
+               flagged: bool = False, outputs: Optional[Sequence[torch.Tensor]] = None) -> Any:
+        devices = sorted({t.device for t in tensors if t.is_cuda}, key=str)
+        work = FutureWork(Future(devices=devices) if devices else Future())
+        fence = CudaFence(devices) if devices else None
+        with self._issue_lock:
+            if self._closed:
+                raise RuntimeError("this process group was shut down")
+            flagged = flagged and self._cut is not None
+            bits = self._cut._outgoing() if flagged else 0  # type: ignore[union-attr]
+            self._worker.submit(Job(run, work, list(outputs if outputs is not None else tensors), flagged,
+                                     bits, fence))
+        ring = self._turns if self._turns is not None else self._job_turns
+        if ring is not None:
+            ring.yield_turn()
+        return work
+
+    def _transport(self, t: torch.Tensor) -> tuple[Any, torch.device]:
+        """The real group for a tensor, and the device its buffers must live on."""
+        if t.is_cuda and self._nccl is not None:
+            return self._nccl, t.device
+        return self._gloo, torch.device("cpu")
+
+    @staticmethod
+    def _staged(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return t if t.device == device else t.to(device)
+
+    def _wait(self, work: Any) -> None:
+        work.wait(self._timeout)
+
+    # ------------------------------------------------------------------ the cut's channel
+    def exchange_flags(self) -> None:
+        def run(bits: int) -> tuple[Any, int]:
+            buf = torch.full((1,), bits, dtype=torch.int64)
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp.BOR
+            self._wait(self._gloo.allreduce([buf], opts))
+            return [buf], int(buf.item())
+
+        self._issue(run, [], flagged=True).wait()
+
+    def drain(self) -> None:
+        self._worker.drain()
+
+    # ------------------------------------------------------------------ allreduce
+    def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+        t = _one(tensors, "allreduce")
+        op = _reduce_op(opts)
+        if t.layout != torch.strided:
+            raise ValueError("the singularity backend reduces dense tensors only")
+        exact.check_op(op, t.dtype)
+
+        carry = self._carries(t.numel() * t.element_size(), t.dtype, op)
+
+        def run(bits: int) -> tuple[Any, int]:
+            return [t], self._allreduce_into(t, op, bits, carry)
+
+        return self._issue(run, [t], flagged=carry)
+
+    def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> Any:
+        tensors = list(tensors)
+        op = _reduce_op(opts)
+        if len({t.dtype for t in tensors}) > 1 or len({t.device for t in tensors}) > 1:
+            raise ValueError("allreduce_coalesced needs tensors of one dtype on one device")
+        dtype = tensors[0].dtype if tensors else torch.float32
+        exact.check_op(op, dtype)
+        carry = self._carries(sum(t.numel() * t.element_size() for t in tensors), dtype, op)
+
+        def run(bits: int) -> tuple[Any, int]:
+            if not tensors:
+                return [], self._allreduce_into(torch.empty(0), op, bits, carry)  # still carries the flags
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            out_bits = self._allreduce_into(flat, op, bits, carry)
+            offset = 0
+            for t in tensors:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+            return tensors, out_bits
+
+        return self._issue(run, tensors, flagged=carry)
+
+    def _carries(self, nbytes: int, dtype: torch.dtype, op: Any) -> bool:
+        """Whether an allreduce carries the cut's flags (the same answer on every rank).
+
+        The exact path always does (8 bytes per gathered chunk).  The plain path must copy the
+        tensor to append two counters, so only small SUMs carry them; the cut ticks otherwise.
+        """
+        if self.reduction == "exact":
+            return True
+        return (op == dist.ReduceOp.SUM and dtype != torch.bool and not dtype.is_complex
+                and nbytes <= PLAIN_FLAG_MAX_BYTES)
+
+    def _allreduce_into(self, t: torch.Tensor, op: Any, bits: int, carry: bool) -> int:
+        """Reduce ``t`` in place across the group; returns the OR of every rank's flag bits."""
+        if self.reduction == "plain":
+            return self._plain_allreduce(t, op, bits, carry)
+        group, device = self._transport(t)
+        direct = t.is_contiguous() and t.device == device
+        flat = t.view(-1) if direct else t.reshape(-1).to(device)
+        if self.placement.max_per_slot == 1:
+            out_bits = exact.exchange_reduce(group, self._phys, self._flat_layouts, [flat], flat, op, self._size,
+                                             bits, self._buffers, self._timeout)
+        else:
+            out_bits = self._hierarchical(flat, op, bits)
+        if not direct:
+            t.copy_(flat.view(t.shape))
+        return out_bits
+
+    def _hierarchical(self, flat: torch.Tensor, op: Any, bits: int) -> int:
+        """Local stage on the slot's leader, exact exchange between leaders, local broadcast.
+
+        ``flat`` is a contiguous CPU tensor; the reduction is written into it.
+        """
+        cpu = torch.device("cpu")
+        numel, dtype = flat.numel(), flat.dtype
+        slot = self._slot
+        leader = self._rank == slot[0]
+        size = exact.packed_size(numel, dtype)
+        leaves: dict[int, torch.Tensor] = {self._rank: flat}
+        if self._local is not None:
+            packed = exact.pack(flat, bits, self._buffers.get("pack", size, cpu))
+            gopts = dist.GatherOptions()
+            gopts.rootRank = 0
+            if leader:
+                bufs = [self._buffers.get(f"member{i}", size, cpu) for i in range(len(slot))]
+                self._wait(self._local.gather([bufs], [packed], gopts))
+                for r, buf in zip(slot, bufs):
+                    leaves[r], member_bits = exact.unpack(buf, numel, dtype)
+                    bits |= member_bits
+            else:
+                self._wait(self._local.gather([], [packed], gopts))
+        if leader:
+            nodes = self._slot_layouts[self._slot_index]
+            partials = exact.subtree_values(self._size, nodes, leaves, exact.combiner(op))
+            if self._leaders is None:  # a single slot holds every rank
+                bits = exact.exchange_reduce(None, 0, [nodes], partials, flat, op, self._size, bits,
+                                             self._buffers, self._timeout)
+            else:
+                bits = exact.exchange_reduce(self._leaders, self._slot_index, self._slot_layouts, partials, flat,
+                                             op, self._size, bits, self._buffers, self._timeout)
+        if self._local is None:
+            return bits
+        packed = self._buffers.get("pack", size, cpu)
+        if leader:
+            exact.pack(flat, bits, packed)
+        bopts = dist.BroadcastOptions()
+        bopts.rootRank = 0
+        self._wait(self._local.broadcast([packed], bopts))
+        result, bits = exact.unpack(packed, numel, dtype)
+        if not leader:
+            flat.copy_(result)
+        return bits
+
+    def _plain_allreduce(self, t: torch.Tensor, op: Any, bits: int, carry: bool) -> int:
+        """Forward to gloo/NCCL; with ``carry`` the flags ride as two extra counters of a SUM."""
+        group, device = self._transport(t)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = op
+        if not carry:
+            buf = self._staged(t, device)
+            self._wait(group.allreduce([buf], opts))
+            if buf is not t:
+                t.copy_(buf)
+            return 0
+        n = t.numel()
+        buf = self._buffers.get("plain", (n + 2) * t.element_size(), device).view(t.dtype)
+        buf[:n].copy_(t.reshape(-1))
+        buf[n:].copy_(torch.tensor([bits & 1, (bits >> 1) & 1], dtype=t.dtype))
+        self._wait(group.allreduce([buf], opts))
+        t.copy_(buf[:n].view(t.shape))
+        counts = buf[n:].tolist()
+        return (1 if counts[0] else 0) | (2 if counts[1] else 0)
+
+    # ------------------------------------------------------------------ data movement
+    def broadcast(self, tensors: Any, opts: Any = None) -> Any:
+        t = _one(tensors, "broadcast")
+        root = opts.rootRank if opts is not None and not isinstance(opts, int) else int(opts or 0)
+
+        def run(_bits: int) -> tuple[Any, int]:
+            group, device = self._transport(t)
+            buf = self._staged(t, device)
+            o = dist.BroadcastOptions()
+            o.rootRank = self.placement.physical(root)
+            o.rootTensor = 0
+            self._wait(group.broadcast([buf], o))
+            if buf is not t:
+                t.copy_(buf)
+            return [t], 0
+
+        return self._issue(run, [t])
+
+    def _gather_into(self, outs: Sequence[torch.Tensor], inp: torch.Tensor) -> None:
+        """``outs[i]`` <- logical rank i's ``inp``."""
+        group, device = self._transport(inp)
+        staged = [self._staged(o, device) for o in outs]
+        phys_outs = [staged[self._order[p]] for p in range(self._size)]
+        self._wait(group.allgather([phys_outs], [self._staged(inp, device)], AllgatherOptions()))
+        for o, s in zip(outs, staged):
+            if s is not o:
+                o.copy_(s)
+
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
+        inp = _one(input_tensors, "allgather")
+        outs = list(output_tensors[0]) if output_tensors and isinstance(output_tensors[0], (list, tuple)) \
+            else list(output_tensors)
+        if len(outs) != self._size:
+            raise ValueError(f"allgather needs {self._size} output tensors, got {len(outs)}")
+
+        def run(_bits: int) -> tuple[Any, int]:
+            self._gather_into(outs, inp)
+            return outs, 0
+
+        return self._issue(run, outs + [inp], outputs=outs)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        if output.numel() != input.numel() * self._size:
+            raise ValueError("allgather_into_tensor: output must hold world_size inputs")
+
+        def run(_bits: int) -> tuple[Any, int]:
+            self._gather_into(list(output.reshape(self._size, -1).unbind(0)), input.reshape(-1))
+            return [output], 0
+
+        return self._issue(run, [output, input], outputs=[output])
+
+    def allgather_into_tensor_coalesced(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
+                                        opts: Any = None) -> Any:
+        outputs, inputs = list(outputs), list(inputs)
+
+        def run(_bits: int) -> tuple[Any, int]:
+            for o, i in zip(outputs, inputs):
+                self._gather_into(list(o.reshape(self._size, -1).unbind(0)), i.reshape(-1))
+            return outputs, 0
+
+        return self._issue(run, outputs + inputs, outputs=outputs)
+
+    def allgather_coalesced(self, output_lists: Sequence[Sequence[torch.Tensor]], input_list: Sequence[torch.Tensor],
+                            opts: Any = None) -> Any:
+        output_lists = [list(o) for o in output_lists]
+        input_list = list(input_list)
+
+        def run(_bits: int) -> tuple[Any, int]:
+            for outs, inp in zip(output_lists, input_list):
+                self._gather_into(outs, inp)
+            return [t for outs in output_lists for t in outs], 0
+
+        return self._issue(run, input_list, outputs=[t for outs in output_lists for t in outs])
+
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
+        inp = _one(input_tensors, "gather")
+        root = opts.rootRank if opts is not None else 0
+        outs = list(output_tensors[0]) if output_tensors else []
+
+        def run(_bits: int) -> tuple[Any, int]:
+            o = dist.GatherOptions()
+            o.rootRank = self.placement.physical(root)
+            cpu = torch.device("cpu")
+            staged = [self._staged(t, cpu) for t in outs]
+            phys = [[staged[self._order[p]] for p in range(self._size)]] if outs else []
+            self._wait(self._gloo.gather(phys, [self._staged(inp, cpu)], o))
+            for t, s in zip(outs, staged):
+                if s is not t:
+                    t.copy_(s)
+            return outs, 0
+
+        return self._issue(run, outs + [inp], outputs=outs)
+
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
+        out = _one(output_tensors, "scatter")
+        root = opts.rootRank if opts is not None else 0
+        ins = list(input_tensors[0]) if input_tensors else []
+
+        def run(_bits: int) -> tuple[Any, int]:
+            o = dist.ScatterOptions()
+            o.rootRank = self.placement.physical(root)
+            cpu = torch.device("cpu")
+            buf = self._staged(out, cpu)
+            phys = [[self._staged(ins[self._order[p]], cpu) for p in range(self._size)]] if ins else []
+            self._wait(self._gloo.scatter([buf], phys, o))
+            if buf is not out:
+                out.copy_(buf)
+            return [out], 0
+
+        return self._issue(run, [out] + ins, outputs=[out])
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
+                      input_split_sizes: Sequence[int], opts: Any = None) -> Any:
+        def splits(t: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
+            sizes = list(sizes) or [t.shape[0] // self._size] * self._size
+            return list(torch.split(t, sizes, dim=0))
+
+        def run(_bits: int) -> tuple[Any, int]:
+            cpu = torch.device("cpu")
+            ins = splits(self._staged(input, cpu), input_split_sizes)
+            outs_logical = splits(output, output_split_sizes)
+            phys_in = [ins[self._order[p]] for p in range(self._size)]
+            phys_out_sizes = [o.shape[0] for o in (outs_logical[self._order[p]] for p in range(self._size))]
+            send = torch.cat(phys_in) if phys_in else input
+            recv = torch.empty((sum(phys_out_sizes),) + tuple(output.shape[1:]), dtype=output.dtype)
+            self._wait(self._gloo.alltoall_base(recv, send.contiguous(), phys_out_sizes,
+                                                [t.shape[0] for t in phys_in], dist.AllToAllOptions()))
+            for p, part in enumerate(torch.split(recv, phys_out_sizes, dim=0)):
+                outs_logical[self._order[p]].copy_(part)
+            return [output], 0
+
+        return self._issue(run, [output, input], outputs=[output])
+
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> Any:
+        out = _one(output_tensors, "reduce_scatter")
+        ins = list(input_tensors[0]) if isinstance(input_tensors[0], (list, tuple)) else list(input_tensors)
+        op = _reduce_op(opts)
+        exact.check_op(op, out.dtype)
+
+        carry = self._carries(sum(t.numel() * t.element_size() for t in ins), out.dtype, op)
+
+        def run(bits: int) -> tuple[Any, int]:
+            flat = torch.cat([t.reshape(-1) for t in ins])
+            out_bits = self._allreduce_into(flat, op, bits, carry)
+            n = out.numel()
+            out.copy_(flat[self._rank * n:(self._rank + 1) * n].view(out.shape))
+            return [out], out_bits
+
+        return self._issue(run, [out] + ins, flagged=carry, outputs=[out])
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        op = _reduce_op(opts)
+        exact.check_op(op, output.dtype)
+
+        carry = self._carries(input.numel() * input.element_size(), input.dtype, op)
+
+        def run(bits: int) -> tuple[Any, int]:
+            flat = input.reshape(-1).clone()
+            out_bits = self._allreduce_into(flat, op, bits, carry)
+            n = output.numel()
+            output.copy_(flat[self._rank * n:(self._rank + 1) * n].view(output.shape))
+            return [output], out_bits
+
+        return self._issue(run, [output, input], flagged=carry, outputs=[output])
+
+    def barrier(self, opts: Any = None) -> Any:
+        def run(_bits: int) -> tuple[Any, int]:
+            self._wait(self._gloo.barrier(dist.BarrierOptions()))
+            return [], 0
+
+        return self._issue(run, [])
+
+    # ------------------------------------------------------------------ lifecycle
+    def shutdown(self) -> None:
+        """Stop the worker after the queued collectives; called by ``destroy_process_group``."""
+        with self._issue_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._worker.drain()
+        self._worker.stop()
+        if self._cut is not None:
+            self._cut._detach(self)
+        if self._turns is not None:
+            self._turns.leave()
+        # Destroy the transport groups now, on this thread, while the interpreter is whole: left
+        # to interpreter teardown, gloo's threads can outlive it and the process aborts at exit.
+        self._gloo = self._nccl = self._local = self._leaders = None
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+# ---------------------------------------------------------------------------- registration
+_STATE: dict[str, Any] = {}
+_LIVE: "weakref.WeakSet[SingularityProcessGroup]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    """Stop worker threads before interpreter teardown (a program may never destroy its group)."""
+    for pg in list(_LIVE):
+        try:
+            pg.shutdown()
+        except Exception:  # exiting anyway; a broken group must not hide the program's own status
+            pass
+
+
+def _create(dist_opts: Any, options: Any) -> SingularityProcessGroup:
+    """The c10d creator (extended API): it receives the group's store, ranks and timeout."""
+    opts = options if isinstance(options, Options) else _STATE.get("default_options")
+    if opts is None:
+        opts = Options(inner_backends(None), BACKEND_NAME)
+    members = list(dist_opts.global_ranks_in_group or range(dist_opts.group_size))
+    is_default = not dist.is_initialized()
+    world = dist_opts.group_size if is_default else dist.get_world_size()
+    placement = Placement.from_env(world)
+    if not is_default:
+        placement = placement.restrict(members)
+    timeout = dist_opts.timeout if isinstance(dist_opts.timeout, timedelta) else timedelta(minutes=30)
+    parent = None if is_default else default_group()
+    pg = SingularityProcessGroup(
+        dist_opts.store, dist_opts.group_rank, dist_opts.group_size, timeout, opts.inner, placement,
+        _reduction(opts), cut=default_cut() if is_default else None, wrapped=opts.wrapped,
+        turns=is_default and os.environ.get(TURNS_ENV, "1") != "0",
+        job_turns=parent.turns if parent is not None else None)
+    if is_default:
+        _STATE["default_options"] = opts
+        _STATE["default_pg"] = pg
+    return pg
+
+
+def register() -> None:
+    """Register the ``"singularity"`` c10d backend (idempotent).  Devices are not claimed."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def _patched_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind_partial(*args, **kwargs)
+        backend = bound.arguments.get("backend")
+        user_options = bound.arguments.get("pg_options")
+        wrapped = str(backend) if backend is not None else ("nccl" if torch.cuda.is_available() else "gloo")
+        bound.arguments["backend"] = BACKEND_NAME
+        bound.arguments["pg_options"] = Options(inner_backends(backend), wrapped, _STATE.get("reduction", ""),
+                                                user_options)
+        bound.arguments.pop("device_id", None)  # the proxy maps devices: each rank's is cuda:0
+        result = original(*bound.args, **bound.kwargs)
+        pg = default_group()
+        if pg is not None:
+            pg.start_turns()
+        return result
+
+    init_process_group.__singularity_original__ = original  # type: ignore[attr-defined]
+    return init_process_group
+
+
+def _patched_new_group(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Subgroups asking for gloo/nccl by name are wrapped too: a raw gloo collective would
+    bypass the exact order, and under splicing block a rank that holds its slot's turn."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def new_group(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind_partial(*args, **kwargs)
+        backend = bound.arguments.get("backend")
+        if backend is not None and str(backend).lower() != BACKEND_NAME and default_group() is not None:
+            bound.arguments["backend"] = BACKEND_NAME
+            bound.arguments["pg_options"] = Options(inner_backends(backend), str(backend),
+                                                    _STATE.get("reduction", ""), bound.arguments.get("pg_options"))
+        pg = default_group()
+        turns = pg.turns if pg is not None else None
+        if turns is not None:
+            members = bound.arguments.get("ranks") or range(pg.size())  # type: ignore[union-attr]
+            split = pg.placement.splits(list(members))  # type: ignore[union-attr]
+            if split:  # raised on every rank: all of them call new_group
+                raise ValueError(
+                    f"this subgroup ({sorted(members)}) contains some but not all ranks of the slots {split} of "
+                    f"placement {pg.placement.text()!r}: co-located ranks take turns at every collective, "  # type: ignore[union-attr]
+                    f"which needs them all to issue the same ones; place the job so that no group splits a slot")
+            turns.suspend()  # the new group's rendezvous needs every rank of the slot at once
+        try:
+            return original(*bound.args, **bound.kwargs)
+        finally:
+            if turns is not None:
+                turns.resume()
+
+    new_group.__singularity_original__ = original  # type: ignore[attr-defined]
+    return new_group
+
+
+def _patched_get_backend(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def get_backend(group: Any = None) -> Any:
+        pg = group if group is not None else c10d._get_default_group()
+        if isinstance(pg, SingularityProcessGroup):
+            try:
+                return dist.Backend(pg.wrapped_backend)
+            except ValueError:
+                return pg.wrapped_backend
+        return original(group)
+
+    get_backend.__singularity_original__ = original  # type: ignore[attr-defined]
+    return get_backend
+
+
+def install(reduction: Optional[str] = None) -> None:
+    """Make ``init_process_group("gloo" | "nccl" | ...)`` build the singularity backend around it.
+
+    Call once per rank process before the user's code runs (the proxy's rank entry point does).
+    ``new_group(backend=...)`` is wrapped the same way, and ``dist.get_backend()`` keeps
+    answering what the user asked for.  ``reduction`` overrides
+    ``SINGULARITY_REDUCTION`` ("exact", the default, or "plain").
+    """
+    if reduction is not None:
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}")
+        _STATE["reduction"] = reduction
+    register()
+    for module in (c10d, dist):
+        for name, patch in (("init_process_group", _patched_init), ("new_group", _patched_new_group),
+                            ("get_backend", _patched_get_backend)):
+            if not hasattr(getattr(module, name), "__singularity_original__"):
+                setattr(module, name, patch(getattr(module, name)))
+
+
+def uninstall() -> None:
+    """Undo `install` (tests); the registered backend stays available by name."""
+    for module in (c10d, dist):
+        for name in ("init_process_group", "new_group", "get_backend"):
+            fn = getattr(module, name)
+            original = getattr(fn, "__singularity_original__", None)
+            if original is not None:
+                setattr(module, name, original)
+    _STATE.pop("reduction", None)
+
+
+BACKEND_ENV = "SINGULARITY_BACKEND"
+
+
+def restore_process_group(backend: Optional[str] = None) -> None:
+    """Create the default group before a restore loads the namespace.
+
+    The program's own ``init_process_group`` statement ran before the checkpoint, so a restore
+    skips it, while a pickled DDP module re-attaches to the default group as it is loaded.
+    ``backend`` defaults to ``SINGULARITY_BACKEND``, else what ``init_process_group(None)``
+    would pick.  Rendezvous comes from the usual env:// variables.
+    """
+    if dist.is_initialized():
+        return
+    install()
+    dist.init_process_group(backend or os.environ.get(BACKEND_ENV) or None)
+
+
+def default_group() -> Optional[SingularityProcessGroup]:
+    """The default group if it is ours (for the worker: placement, turns, drain)."""
+    if not dist.is_initialized():
+        return None
+    pg = c10d._get_default_group()
+    return pg if isinstance(pg, SingularityProcessGroup) else None

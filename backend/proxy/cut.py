@@ -1,0 +1,213 @@
+"""Consistent cut: every rank of a job checkpoints at the same safe point.
+
+A checkpoint request reaches one rank (the worker that got a preemption, a rank's timer) at an
+arbitrary moment; the checkpoint must be taken by all W ranks at the same step, or the restored
+ranks would disagree about which collectives already happened.  Agreement rides on the job's own
+collectives, as in Singularity: every allreduce through the proxy's backend carries an 8-byte
+flag word (this rank's pending request bits), and its result carries the OR over all ranks.  Each
+rank counts the flagged exchanges it has *issued*; at a safe point it waits (usually not at all:
+DDP has already waited for its allreduces when ``backward()`` returns) until the results of all
+of them are in, and checkpoints iff any of those results was set.  Issue counts at a given step
+are the same on every rank (the ranks run the same program), so the answer is too.
+
+A loop that issues no allreduce for ``every`` safe points gets an explicit 8-byte flag exchange
+at the next multiple-of-``every`` window, so requests are still honoured (and the rule that picks
+those steps is itself a function of step and issue counts only).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
+
+from .controller import Controller, _Request
+
+CONTINUE = 1
+STOP = 2
+CUT_EVERY_ENV = "SINGULARITY_CUT_EVERY"
+DEFAULT_EVERY = 32
+
+
+class FlagChannel(Protocol):
+    """What the cut needs from the default process group."""
+
+    def exchange_flags(self) -> None:
+        """Issue an explicit flag exchange now (it calls `ConsistentCut._outgoing` in issue order)."""
+
+    def drain(self) -> None:
+        """Return once every collective issued so far has completed."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """An agreed checkpoint: the same on every rank."""
+
+    step: int
+    then: str  # "continue" or "stop"
+    exchanges: int  # flagged exchanges issued when it was decided (equal on every rank)
+
+
+def _bits(then: str) -> int:
+    if then not in ("continue", "stop"):
+        raise ValueError("then must be 'continue' or 'stop'")
+    return STOP if then == "stop" else CONTINUE
+
+
+class ConsistentCut:
+    """Per-process agreement state; the default process group attaches itself as its channel."""
+
+    def __init__(self, every: Optional[int] = None) -> None:
+        if every is None:
+            every = int(os.environ.get(CUT_EVERY_ENV, DEFAULT_EVERY) or DEFAULT_EVERY)
+        if every < 1:
+            raise ValueError("every must be at least 1 safe point")
+        self.every = every
+        self._cond = threading.Condition()
+        self._channel: Optional[FlagChannel] = None
+        self._local = 0  # this rank's pending request bits
+        self._requested_at: Optional[float] = None
+        self._reason = ""
+        self._issued = 0
+        self._resolved = 0
+        self._agreed = 0  # OR of resolved results not yet acted on
+        self._window_step: Optional[int] = None
+        self._window_issued = 0
+        #: explicit flag exchanges issued by this cut (the steady state of a DDP loop has none)
+        self.ticks = 0
+        self.decisions: list[Decision] = []
+
+    # ------------------------------------------------------------------ public
+    def request(self, then: str = "continue", reason: str = "") -> None:
+        """Ask for a checkpoint at the next agreed safe point (thread-safe, any rank, any time)."""
+        bits = _bits(then)
+        with self._cond:
+            self._local |= bits
+            if self._requested_at is None:
+                self._requested_at = time.monotonic()
+                self._reason = reason
+
+    @property
+    def attached(self) -> bool:
+        return self._channel is not None
+
+    @property
+    def pending_request(self) -> Optional[tuple[str, str, float]]:
+        """This rank's unsatisfied request: (then, reason, monotonic time), or None."""
+        with self._cond:
+            if not self._local:
+                return None
+            then = "stop" if self._local & STOP else "continue"
+            return then, self._reason, float(self._requested_at or time.monotonic())
+
+    def poll(self, step: int) -> Optional[Decision]:
+        """Called by every rank at every safe point; returns the same answer on all of them.
+
+        Without a process group (before ``init_process_group`` or after its destruction) ranks
+        cannot agree, so requests wait.  On a positive answer every collective issued so far has
+        completed (none straddles the checkpoint) and this rank's request counts as satisfied.
+        """
+        channel = self._channel
+        if channel is None:
+            return None
+        with self._cond:
+            tick = reset = False
+            if self._window_step is None:
+                self._window_step, self._window_issued = step, self._issued
+            elif step - self._window_step >= self.every:
+                tick = self._issued == self._window_issued  # no allreduce carried flags lately
+                self._window_step, reset = step, True
+        if tick:
+            channel.exchange_flags()
+            self.ticks += 1
+        with self._cond:
+            if reset:
+                self._window_issued = self._issued
+            while self._resolved < self._issued:
+                self._cond.wait()
+            bits, self._agreed = self._agreed, 0
+            if not bits:
+                return None
+            self._local = 0
+            self._requested_at = None
+            decision = Decision(step, "stop" if bits & STOP else "continue", self._issued)
+        channel.drain()
+        self.decisions.append(decision)
+        return decision
+
+    def should_checkpoint(self, step: int) -> bool:
+        """`poll` as a yes/no (the decision's ``then`` is in `decisions`)."""
+        return self.poll(step) is not None
+
+    # ------------------------------------------------------------------ used by the process group
+    def _attach(self, channel: FlagChannel) -> None:
+        with self._cond:
+            self._channel = channel
+            self._issued = self._resolved = 0
+            self._agreed = 0
+            self._window_step = None
+
+    def _detach(self, channel: FlagChannel) -> None:
+        with self._cond:
+            if self._channel is channel:
+                self._channel = None
+                self._resolved = self._issued
+                self._cond.notify_all()
+
+    def _outgoing(self) -> int:
+        """Bits for the flagged exchange being issued now (callers serialise issues)."""
+        with self._cond:
+            self._issued += 1
+            return self._local
+
+    def _resolve(self, bits: int) -> None:
+        """Result of the oldest unresolved exchange (results arrive in issue order)."""
+        with self._cond:
+            self._resolved += 1
+            self._agreed |= bits
+            self._cond.notify_all()
+
+
+_CUT: Optional[ConsistentCut] = None
+_CUT_LOCK = threading.Lock()
+
+
+def default_cut() -> ConsistentCut:
+    """The process's cut: the default process group of the proxy's backend attaches to it."""
+    global _CUT
+    with _CUT_LOCK:
+        if _CUT is None:
+            _CUT = ConsistentCut()
+        return _CUT
+
+
+class DistributedController(Controller):
+    """A `Controller` for one rank of W: checkpoints happen only where the ranks agree.
+
+    Local requests (`request_checkpoint`, `checkpoint_at_step`, the periodic timer, which only
+    rank 0 runs) become cut requests; every safe point takes the slow path and asks the cut.
+    The runtime needs no change: it calls ``_poll`` whenever ``flag`` is set, and it always is.
+    """
+
+    def __init__(self, store: Any, rank: int, world_size: int, cut: Optional[ConsistentCut] = None,
+                 checkpoint_every: Optional[float] = None,
+                 on_event: Callable[[str, dict], None] = lambda type, data: None) -> None:
+        super().__init__(store, rank, world_size, checkpoint_every if rank == 0 else None, on_event)
+        self.cut = cut if cut is not None else default_cut()
+        self.flag = True
+
+    def _wants_slow_path(self) -> bool:
+        return True
+
+    def _poll(self, rt: Any) -> tuple[Optional[_Request], bool]:
+        request, progress = super()._poll(rt)
+        if request is not None:
+            self.cut.request(request.then, request.reason)
+        mine = self.cut.pending_request
+        decision = self.cut.poll(rt.step)
+        if decision is None:
+            return None, progress
+        reason = mine[1] if mine is not None else "consistent cut (requested by another rank)"
+        requested_at = mine[2] if mine is not None else time.monotonic()
+        return _Request(decision.then, reason or "consistent cut", requested_at), progress

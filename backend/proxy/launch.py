@@ -1,0 +1,377 @@
+"""Start a job's W ranks on this machine the way torchrun does, under the proxy's backend.
+
+    python -m backend.proxy.launch [--threads N] [--reduction exact|plain]
+                                   [--checkpoint-dir D [--restore]] SCRIPT [script args]
+
+runs SCRIPT as ``__main__`` in *this* process, as one rank, after `collectives.install()` and
+after fixing torch's thread counts (intra-op thread counts change float results, so a rank gets
+the same count wherever it runs).  With ``--checkpoint-dir`` the script runs under the
+resumable engine with a `DistributedController`: checkpoints are agreed by all ranks, exit code
+75 means "stopped after a consistent checkpoint", and ``--restore`` creates the process group
+before loading the newest checkpoint.  This is the sequence the worker is to follow.
+
+`launch()` starts W such processes with torchrun's environment (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) plus
+``SINGULARITY_PLACEMENT``; the tests and the benchmark use it.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import runpy
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .placement import PLACEMENT_ENV, Placement
+
+THREADS_ENV = "SINGULARITY_THREADS"
+#: test hook "RANK:SECONDS:THEN": that rank alone asks for a checkpoint after SECONDS
+TEST_REQUEST_ENV = "SINGULARITY_TEST_REQUEST"
+EXIT_PREEMPTED = 75
+#: cores a rank may run on (its slot's): set by launch(cpus_per_slot=...), applied by main()
+CPUS_ENV = "SINGULARITY_CPUS"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def slot_cpus(placement: Placement, per_slot: int, cpus: Optional[Sequence[int]] = None) -> list[list[int]]:
+    """CPU cores of each slot: ``per_slot`` consecutive cores per slot (a CPU slot is a "device")."""
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    if per_slot * len(placement.slots) > len(cpus):
+        raise ValueError(f"{len(placement.slots)} slots of {per_slot} cores need more than the {len(cpus)} cores here")
+    return [cpus[i * per_slot:(i + 1) * per_slot] for i in range(len(placement.slots))]
+
+
+def rank_env(rank: int, placement: Placement, master_port: int, master_addr: str = "127.0.0.1",
+             threads: int = 1, cpus: Optional[Sequence[int]] = None) -> dict[str, str]:
+    """torchrun's variables for one logical rank, plus placement, thread count and CPU cores."""
+    env = {"RANK": str(rank), "WORLD_SIZE": str(placement.world_size), "MASTER_ADDR": master_addr,
+           "MASTER_PORT": str(master_port), PLACEMENT_ENV: placement.text(), THREADS_ENV: str(threads),
+           "OMP_NUM_THREADS": str(threads)}
+    env.update(placement.local_env(rank))
+    if cpus is not None:
+        env[CPUS_ENV] = ",".join(str(c) for c in cpus)
+    return env
+
+
+@dataclass
+class RankResult:
+    rank: int
+    rc: int
+    stdout: str
+    stderr: str
+
+
+#: modules a warm rank process starts with: torch and what DDP's constructor imports lazily
+#: (torch._dynamo and its ~800 modules: 0.8 s per process, 2 s for 4 ranks on 2 cores)
+WARM_PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "backend.proxy.collectives")
+
+
+def _forked_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> None:
+    """Body of a warm rank process (forked from the preloaded server): a fresh main, then exit."""
+    os.environ.update(env)
+    for fd, path in ((1, stdout), (2, stderr)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdin = open(os.devnull)
+    rc = 1
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        atexit._run_exitfuncs()  # the child leaves with os._exit below, which would skip them
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(rc)
+
+
+def serve() -> None:
+    """The warm server: JSON requests on stdin, ``{"id", "pid"}`` then ``{"id", "rc"}`` on stdout."""
+    import select
+
+    for name in WARM_PRELOAD:
+        __import__(name)
+    running: dict[int, str] = {}
+    out = sys.stdout
+    while True:
+        ready, _, _ = select.select([sys.stdin], [], [], 0.02)
+        if ready:
+            line = sys.stdin.readline()
+            if not line:
+                return
+            req = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                _forked_rank(req["argv"], req["env"], req["stdout"], req["stderr"])
+            running[pid] = req["id"]
+            out.write(json.dumps({"id": req["id"], "pid": pid}) + "\n")
+            out.flush()
+        while running:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            rid = running.pop(pid, None)
+            if rid is not None:
+                out.write(json.dumps({"id": rid, "rc": os.waitstatus_to_exitcode(status)}) + "\n")
+                out.flush()
+
+
+class WarmServer:
+    """Client of `serve`: forks rank processes from an interpreter that already imported torch."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+        self._proc = subprocess.Popen([sys.executable, "-m", "backend.proxy.launch", "--serve"], cwd=str(ROOT),
+                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self._cond = threading.Condition()
+        self._pids: dict[str, int] = {}
+        self._rcs: dict[str, int] = {}
+        self._n = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            msg = json.loads(line)
+            with self._cond:
+                if "pid" in msg:
+                    self._pids[msg["id"]] = msg["pid"]
+                else:
+                    self._rcs[msg["id"]] = msg["rc"]
+                self._cond.notify_all()
+
+    def start(self, argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> str:
+        with self._cond:
+            self._n += 1
+            rid = str(self._n)
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps({"id": rid, "argv": argv, "env": env, "stdout": stdout,
+                                                 "stderr": stderr}) + "\n")
+        self._proc.stdin.flush()
+        with self._cond:
+            self._cond.wait_for(lambda: rid in self._pids)
+        return rid
+
+    def poll(self, rid: str) -> Optional[int]:
+        with self._cond:
+            return self._rcs.get(rid)
+
+    def kill(self, rid: str) -> None:
+        import signal
+
+        with self._cond:
+            if rid in self._rcs:
+                return
+            pid = self._pids[rid]
+        os.kill(pid, signal.SIGKILL)
+
+    def wait(self, rid: str) -> int:
+        with self._cond:
+            self._cond.wait_for(lambda: rid in self._rcs)
+            return self._rcs[rid]
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        self._proc.wait(timeout=30)
+
+
+_SHARED: list[WarmServer] = []
+
+
+def shared_warm_server() -> WarmServer:
+    """One warm server per process (tests and benchmarks share it), closed at exit."""
+    if not _SHARED:
+        _SHARED.append(WarmServer())
+        atexit.register(_SHARED[0].close)
+    return _SHARED[0]
+
+
+class _Proc:
+    """Common face of a subprocess and a rank forked by a `WarmServer`."""
+
+    def __init__(self, popen: Optional[subprocess.Popen] = None, server: Optional[WarmServer] = None,
+                 rid: str = "", files: tuple[str, str] = ("", "")) -> None:
+        self.popen, self.server, self.rid, self.files = popen, server, rid, files
+
+    def poll(self) -> Optional[int]:
+        if self.popen is not None:
+            return self.popen.poll()
+        assert self.server is not None
+        return self.server.poll(self.rid)
+
+    def kill(self) -> None:
+        if self.popen is not None:
+            self.popen.kill()
+        elif self.server is not None:
+            self.server.kill(self.rid)
+
+    def collect(self) -> tuple[int, str, str]:
+        if self.popen is not None:
+            out, err = self.popen.communicate()
+            return self.popen.returncode, out, err
+        assert self.server is not None
+        rc = self.server.wait(self.rid)
+        texts = [Path(f).read_text(errors="replace") if Path(f).exists() else "" for f in self.files]
+        return rc, texts[0], texts[1]
+
+
+def launch(script: Path, placement: Placement, args: Sequence[str] = (), env: Optional[dict[str, str]] = None,
+           timeout: float = 120.0, threads: int = 1, reduction: Optional[str] = None,
+           warm: Optional[WarmServer] = None, launcher_args: Sequence[str] = (),
+           cpus_per_slot: Optional[int] = None, python: str = sys.executable) -> list[RankResult]:
+    """Run ``script`` as W rank processes; if one fails the others are stopped after a grace period.
+
+    With ``warm``, ranks are forked from that server, which has already imported torch (each
+    rank is still its own process): tests and benchmarks save ~2 s of imports per rank.
+    """
+    import tempfile
+
+    port = free_port()
+    extra = dict(env or {})
+    argv = ["--threads", str(threads)] + (["--reduction", reduction] if reduction else []) + list(launcher_args) \
+        + [str(script), *args]
+    procs: list[_Proc] = []
+    tmp = tempfile.TemporaryDirectory(prefix="sg-ranks-")
+    cores = slot_cpus(placement, cpus_per_slot) if cpus_per_slot else None
+    for rank in range(placement.world_size):
+        penv = dict(extra)
+        penv.update(rank_env(rank, placement, port, threads=threads,
+                             cpus=cores[placement.slot_of(rank)] if cores else None))
+        if warm is not None:
+            files = (f"{tmp.name}/{rank}.out", f"{tmp.name}/{rank}.err")
+            procs.append(_Proc(server=warm, rid=warm.start(argv, penv, *files), files=files))
+        else:
+            full = dict(os.environ)
+            full["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), full.get("PYTHONPATH", "")) if p)
+            full.update(penv)
+            procs.append(_Proc(popen=subprocess.Popen(
+                [python, "-m", "backend.proxy.launch", *argv], env=full, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, cwd=str(ROOT))))
+    deadline = time.monotonic() + timeout
+    failed_at: Optional[float] = None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
+            failed_at = now
+        if now > deadline or (failed_at is not None and now - failed_at > 10):
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            break
+        time.sleep(0.02)
+    try:
+        return [RankResult(rank, *p.collect()) for rank, p in enumerate(procs)]
+    finally:
+        tmp.cleanup()
+
+
+def _say(kind: str, data: Any) -> None:
+    print(f"[proxy] {kind} {json.dumps(data, default=str)}", file=sys.stderr, flush=True)
+
+
+def _run_engine(script: str, checkpoint_dir: Path, restore: bool) -> int:
+    """Run the script as a resumable program whose checkpoints are agreed by all ranks."""
+    import types
+
+    from . import CheckpointError, CheckpointStore, Controller, Preempted, ResumableProgram
+    from .collectives import restore_process_group
+    from .cut import DistributedController
+
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    module = types.ModuleType("__main__")
+    module.__file__ = script
+    namespace = module.__dict__
+    namespace["__builtins__"] = __builtins__
+    sys.modules["__main__"] = module
+    program = ResumableProgram.from_source(Path(script).read_text(), script)
+    store = CheckpointStore(checkpoint_dir)
+    controller = (DistributedController(store, rank, world, on_event=_say) if world > 1
+                  else Controller(store, on_event=_say))
+    ref = store.latest() if restore else None
+    if ref is not None:
+        if ref.world_size != world:
+            print(f"[proxy] checkpoint {ref.path} has {ref.world_size} ranks, this job has {world}", file=sys.stderr)
+            return 2
+        restore_process_group()  # the namespace's DDP modules attach to it as they load
+        _say("restore", {"checkpoint": str(ref.path), "step": ref.step})
+    hook = os.environ.get(TEST_REQUEST_ENV, "")
+    if hook:
+        who, delay, then = hook.split(":")
+        if int(who) == rank:
+            timer = threading.Timer(float(delay), controller.request_checkpoint, kwargs={"then": then,
+                                                                                        "reason": "test"})
+            timer.daemon = True
+            timer.start()
+    try:
+        program.run(namespace, controller, restore=ref)
+    except Preempted as p:
+        _say("stopped", {"step": p.checkpoint.step, "path": str(p.checkpoint.path)})
+        return EXIT_PREEMPTED
+    except CheckpointError as e:
+        print(f"[proxy] restore failed: {e}", file=sys.stderr)
+        return 2
+    _say("finished", {"step": controller.last_step})
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m backend.proxy.launch", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=int(os.environ.get(THREADS_ENV, "1") or 1))
+    parser.add_argument("--reduction", choices=("exact", "plain"))
+    parser.add_argument("--checkpoint-dir", type=Path, help="run under the resumable engine, checkpointing here")
+    parser.add_argument("--restore", action="store_true", help="with --checkpoint-dir: resume the newest checkpoint")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("script", nargs="?")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    if ns.serve:
+        serve()
+        return 0
+    if ns.script is None:
+        parser.error("SCRIPT is required")
+    cpus = os.environ.get(CPUS_ENV, "")
+    if cpus:
+        os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
+    import torch
+
+    torch.set_num_threads(ns.threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already fixed in this process
+        pass
+    from .collectives import install
+
+    install(ns.reduction)
+    script = str(Path(ns.script).resolve())
+    sys.argv = [script, *ns.args]
+    sys.path.insert(0, str(Path(script).parent))
+    if ns.checkpoint_dir is not None:
+        return _run_engine(script, ns.checkpoint_dir, ns.restore)
+    runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
