@@ -223,10 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--home", type=Path, default=None, help="SINGULARITY_HOME (default ~/.singularity)")
     p = argparse.ArgumentParser(prog="singularityctl", description="Preemptible, migratable, resizable DL jobs.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    real_add = sub.add_parser
-    sub.add_parser = lambda *a, **kw: real_add(*a, parents=[common] if kw.get("add_help", True) else [], **kw)
 
-    s = sub.add_parser("serve", help="run the server (and local node agents)")
+    def add(name: str, help: str, add_help: bool = True) -> argparse.ArgumentParser:
+        """A subcommand that also takes --url/--token/--home (after its name)."""
+        return sub.add_parser(name, help=help, add_help=add_help, parents=[common] if add_help else [])
+
+    s = add("serve", help="run the server (and local node agents)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=0, help="0 picks a free port (see server.json)")
     s.add_argument("--nodes", type=int, default=0, help="local node agents to start beside the server")
@@ -246,9 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what the policy assumes a preemption or migration costs (defragmentation weighs it)")
     s.set_defaults(fn=cmd_serve)
 
-    sub.add_parser("agent", help="run a node agent (see 'singularityctl agent --help')", add_help=False)
+    add("agent", help="run a node agent (see 'singularityctl agent --help')", add_help=False)
 
-    s = sub.add_parser("submit", help="submit a script (or - for stdin)")
+    s = add("submit", help="submit a script (or - for stdin)")
     s.add_argument("file")
     s.add_argument("--gpus", type=int, default=1)
     s.add_argument("--ranks", type=int, default=None, help="processes (default: one per device)")
@@ -259,51 +261,51 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_submit)
 
-    s = sub.add_parser("jobs", help="list your jobs")
+    s = add("jobs", help="list your jobs")
     s.add_argument("--state", action="append", choices=[st.value for st in JobState])
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_jobs)
 
     for name, fn, helptext in (("show", cmd_show, "one job in detail"),):
-        s = sub.add_parser(name, help=helptext)
+        s = add(name, help=helptext)
         s.add_argument("job")
         s.add_argument("--json", action="store_true")
         s.set_defaults(fn=fn)
 
-    s = sub.add_parser("logs", help="a job's output")
+    s = add("logs", help="a job's output")
     s.add_argument("job")
     s.add_argument("-f", "--follow", action="store_true")
     s.set_defaults(fn=cmd_logs)
 
-    s = sub.add_parser("events", help="a job's event log")
+    s = add("events", help="a job's event log")
     s.add_argument("job")
     s.add_argument("-f", "--follow", action="store_true")
     s.add_argument("--since", type=int, default=0)
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=cmd_events)
 
-    s = sub.add_parser("cancel", help="cancel a job")
+    s = add("cancel", help="cancel a job")
     s.add_argument("job")
     s.add_argument("--reason", default=None)
     s.add_argument("--no-wait", action="store_true", help="return once the request is accepted")
     s.set_defaults(fn=cmd_cancel)
 
-    s = sub.add_parser("preempt", help="checkpoint a running job and stop it, freeing its devices")
+    s = add("preempt", help="checkpoint a running job and stop it, freeing its devices")
     s.add_argument("job")
     s.add_argument("--reason", default=None)
     s.add_argument("--no-wait", action="store_true")
     s.set_defaults(fn=cmd_preempt)
 
-    s = sub.add_parser("resume", help="queue a preempted job again; it continues where it stopped")
+    s = add("resume", help="queue a preempted job again; it continues where it stopped")
     s.add_argument("job")
     s.set_defaults(fn=cmd_resume)
 
-    s = sub.add_parser("checkpoint", help="take a checkpoint now; the job keeps running")
+    s = add("checkpoint", help="take a checkpoint now; the job keeps running")
     s.add_argument("job")
     s.add_argument("--no-wait", action="store_true")
     s.set_defaults(fn=cmd_checkpoint)
 
-    s = sub.add_parser("migrate", help="move a running job to another node (checkpoint, transfer, restore)")
+    s = add("migrate", help="move a running job to another node (checkpoint, transfer, restore)")
     s.add_argument("job")
     s.add_argument("--to", default=None, metavar="NODE", help="destination (default: the scheduler picks)")
     s.add_argument("--reason", default=None)
@@ -312,26 +314,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, helptext in (("drain", "admin: move every job off a node; it takes no new work"),
                            ("undrain", "admin: let a drained node take work again")):
-        s = sub.add_parser(name, help=helptext)
+        s = add(name, help=helptext)
         s.add_argument("node")
         s.set_defaults(fn=cmd_drain)
 
-    s = sub.add_parser("nodes", help="list nodes and their devices")
+    s = add("nodes", help="list nodes and their devices")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_nodes)
 
-    s = sub.add_parser("user", help="admin: create a user and print their token")
+    s = add("user", help="admin: create a user and print their token")
     s.add_argument("name")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_user)
 
-    s = sub.add_parser("simulate", help="replay a job trace through the scheduling policies (simulated clock)")
+    s = add("simulate", help="replay a job trace through the scheduling policies (simulated clock)")
     from backend.scheduler.simulator import add_arguments
 
     add_arguments(s)
     s.set_defaults(fn=cmd_simulate)
 
-    s = sub.add_parser("demo", help="start a local cluster and run the demo training job")
+    s = add("demo", help="start a local cluster and run the demo training job")
     s.add_argument("--nodes", type=int, default=2)
     s.add_argument("--devices-per-node", type=int, default=2)
     s.set_defaults(fn=cmd_demo)

@@ -28,14 +28,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from .placement import PLACEMENT_ENV, Placement
 
 THREADS_ENV = "SINGULARITY_THREADS"
 #: test hook "RANK:SECONDS:THEN": that rank alone asks for a checkpoint after SECONDS
 TEST_REQUEST_ENV = "SINGULARITY_TEST_REQUEST"
-EXIT_PREEMPTED = 75
 #: cores a rank may run on (its slot's): set by launch(cpus_per_slot=...), applied by main()
 CPUS_ENV = "SINGULARITY_CPUS"
 ROOT = Path(__file__).resolve().parents[2]
@@ -287,8 +286,7 @@ def launch(script: Path, placement: Placement, args: Sequence[str] = (), env: Op
         tmp.cleanup()
 
 
-def _say(kind: str, data: Any) -> None:
-    print(f"[proxy] {kind} {json.dumps(data, default=str)}", file=sys.stderr, flush=True)
+from .__main__ import EXIT_PREEMPTED, _say  # noqa: E402  (one wire format for both CLIs)
 
 
 def _run_engine(script: str, checkpoint_dir: Path, restore: bool) -> int:
