@@ -99,6 +99,17 @@ class AsyncJob(JobBase):
             await self._await_event(since, EventType.MIGRATED, timeout)
         return self
 
+    async def resize(self, gpus: int, reason: str = "", wait: bool = True,
+               timeout: Optional[float] = None) -> "AsyncJob":
+        """Run on ``gpus`` devices from now on, keeping the job's ranks (several ranks share a
+        device when there are fewer devices than ranks); the code does not notice. With ``wait``,
+        returns once the job runs again at its new size (a queued job changes size at once)."""
+        since = (await self.refresh()).info.last_seq
+        await self._action("resize", reason, gpus=gpus)
+        if wait and self.info.state.holds_devices:
+            await self._await_event(since, EventType.RESIZED, timeout)
+        return self
+
     async def resume(self) -> "AsyncJob":
         """Queue a preempted job again; it continues from its newest checkpoint."""
         return await self._action("resume")

@@ -172,6 +172,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_resize(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        job = c.get(args.job).resize(args.gpus, args.reason or "", wait=not args.no_wait)
+    last = _last_event(job, EventType.RESIZED)
+    print(f"{job.id}: {job.state.value}" + (f" ({describe(last)})" if last and not args.no_wait else ""))
+    return 0
+
+
 def cmd_drain(args: argparse.Namespace) -> int:
     with _client(args) as c:
         node = c.undrain(args.node) if args.command == "undrain" else c.drain(args.node)
@@ -311,6 +319,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reason", default=None)
     s.add_argument("--no-wait", action="store_true")
     s.set_defaults(fn=cmd_migrate)
+
+    s = add("resize", help="run a job on more or fewer devices, keeping its ranks (exact: the code cannot tell)")
+    s.add_argument("job")
+    s.add_argument("--gpus", type=int, required=True, help="devices from now on (a divisor of the job's ranks)")
+    s.add_argument("--reason", default=None)
+    s.add_argument("--no-wait", action="store_true")
+    s.set_defaults(fn=cmd_resize)
 
     for name, helptext in (("drain", "admin: move every job off a node; it takes no new work"),
                            ("undrain", "admin: let a drained node take work again")):

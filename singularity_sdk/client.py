@@ -103,6 +103,17 @@ class Job(JobBase):
             self._await_event(since, EventType.MIGRATED, timeout)
         return self
 
+    def resize(self, gpus: int, reason: str = "", wait: bool = True,
+               timeout: Optional[float] = None) -> "Job":
+        """Run on ``gpus`` devices from now on, keeping the job's ranks (several ranks share a
+        device when there are fewer devices than ranks); the code does not notice. With ``wait``,
+        returns once the job runs again at its new size (a queued job changes size at once)."""
+        since = (self.refresh()).info.last_seq
+        self._action("resize", reason, gpus=gpus)
+        if wait and self.info.state.holds_devices:
+            self._await_event(since, EventType.RESIZED, timeout)
+        return self
+
     def resume(self) -> "Job":
         """Queue a preempted job again; it continues from its newest checkpoint."""
         return self._action("resume")

@@ -298,6 +298,8 @@ class StartJob(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     restore: Optional[str] = Field(None, description="checkpoint to resume from")
     checkpoint_every: Optional[float] = None
+    layout: Optional[str] = Field(None, description="jobs of several ranks: the logical ranks of each device "
+                                                    "slot, in physical order, e.g. '0,1|2,3' (two ranks per device)")
 
 
 class StopJob(Strict):

@@ -78,8 +78,11 @@ def describe(ev: Event) -> str:
     if t == EventType.RESIZING:
         return f"resizing {d.get('from')} -> {d.get('to')} devices ({d.get('reason', '')})"
     if t == EventType.RESIZED:
-        return (f"resized {d.get('from')} -> {d.get('to')} devices, splicing factor {d.get('splicing')} "
-                f"in {d.get('seconds', '?')} s")
+        if d.get("queued"):
+            return f"resized {d.get('from')} -> {d.get('to')} devices while waiting"
+        phases = ", ".join(f"{k} {_secs(v)}" for k, v in (d.get("phases") or {}).items())
+        return (f"resized {d.get('from')} -> {d.get('to')} devices ({d.get('splicing')} rank(s) per device) "
+                f"in {_secs(d.get('seconds'))}" + (f": {phases}" if phases else ""))
     if t == EventType.NODE_LOST:
         return f"node {d.get('node')} lost (silent {d.get('silent_s', '?')} s)"
     if t == EventType.RETRYING:

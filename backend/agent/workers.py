@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
 
+from backend.proxy.store import CheckpointStore
 from singularity_sdk.protocol import EXIT_PREEMPTED, DeviceInfo, EventType, StartJob
 
 Emit = Callable[[EventType, dict[str, Any]], None]
@@ -48,6 +49,7 @@ class JobRun:
         self.emit = emit
         self.on_checkpoint = on_checkpoint
         self.ranks: dict[int, RankProcess] = {}
+        self.exit_codes: dict[int, int] = {}
         self.stopping: Optional[str] = None
         self.done = asyncio.Event()
         self._waiters: list[asyncio.Task] = []
@@ -81,6 +83,10 @@ class JobRun:
             "SINGULARITY_CHECKPOINT_DIR": str(self.checkpoint_root / spec.job_id),
             "PYTHONUNBUFFERED": "1",
         })
+        if spec.layout:
+            # Device mapping: every rank sees its slot's device as cuda:0 and is alone on its
+            # (virtual) node, whatever the placement; ranks that share a slot take turns on it.
+            env.update({"SINGULARITY_PLACEMENT": spec.layout, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
         return env
 
     async def start(self) -> None:
@@ -111,7 +117,7 @@ class JobRun:
             self.ranks[rs.rank] = rp
         self.emit(EventType.STARTED, {
             "ranks": sorted(self.ranks), "pids": {r: p.proc.pid for r, p in self.ranks.items()},
-            "devices": [d for rs in self.spec.ranks for d in rs.devices], "attempt": self.spec.attempt,
+            "devices": sorted({d for rs in self.spec.ranks for d in rs.devices}), "attempt": self.spec.attempt,
         })
         self._waiters = [asyncio.create_task(self._wait(rp)) for rp in self.ranks.values()]
         asyncio.create_task(self._all_done())
@@ -148,6 +154,7 @@ class JobRun:
 
     async def _wait(self, rp: RankProcess) -> None:
         code = await rp.proc.wait()
+        self.exit_codes[rp.rank] = code
         await asyncio.gather(*rp.readers, return_exceptions=True)
         rank_dir = self.run_dir / f"rank-{rp.rank}"
         if rp.rank == 0 and code == 0:
@@ -186,6 +193,11 @@ class JobRun:
 
     async def _all_done(self) -> None:
         await asyncio.gather(*self._waiters, return_exceptions=True)
+        if self.spec.world_size > 1 and len(self.exit_codes) == self.spec.world_size \
+                and set(self.exit_codes.values()) == {0}:
+            # Every rank of the job ran here and finished: its checkpoints have served their
+            # purpose (a one-rank job's worker clears its own; ranks on several nodes leave them).
+            CheckpointStore(self.checkpoint_root / self.spec.job_id).clear()
         self.done.set()
 
     def send_control(self, message: dict[str, Any]) -> None:

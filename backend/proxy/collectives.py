@@ -583,8 +583,9 @@ _LIVE: "weakref.WeakSet[SingularityProcessGroup]" = weakref.WeakSet()
 
 
 @atexit.register
-def _shutdown_all() -> None:
-    """Stop worker threads before interpreter teardown (a program may never destroy its group)."""
+def shutdown_all() -> None:
+    """Stop worker threads and hand on device turns before the process ends (a program may never
+    destroy its group; a rank stopping at a checkpoint leaves with ``os._exit``)."""
     for pg in list(_LIVE):
         try:
             pg.shutdown()

@@ -334,6 +334,27 @@ def _run_engine(script: str, checkpoint_dir: Path, restore: bool) -> int:
     return 0
 
 
+def prepare_rank(threads: Optional[int] = None, reduction: Optional[str] = None) -> None:
+    """Make this process one rank of a job: its slot's cores, a fixed torch thread count
+    (intra-op thread counts change float results, so a rank gets the same count wherever it
+    runs), and the proxy's collective backend in place of the one the code will ask for."""
+    cpus = os.environ.get(CPUS_ENV, "")
+    if cpus:
+        os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
+    if threads is None:
+        threads = int(os.environ.get(THREADS_ENV, "1") or 1)
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already fixed in this process
+        pass
+    from .collectives import install
+
+    install(reduction)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m backend.proxy.launch", description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=int(os.environ.get(THREADS_ENV, "1") or 1))
@@ -349,19 +370,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     if ns.script is None:
         parser.error("SCRIPT is required")
-    cpus = os.environ.get(CPUS_ENV, "")
-    if cpus:
-        os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
-    import torch
-
-    torch.set_num_threads(ns.threads)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:  # already fixed in this process
-        pass
-    from .collectives import install
-
-    install(ns.reduction)
+    prepare_rank(ns.threads, ns.reduction)
     script = str(Path(ns.script).resolve())
     sys.argv = [script, *ns.args]
     sys.path.insert(0, str(Path(script).parent))

@@ -27,6 +27,8 @@ from .core import AgentLink
 
 log = logging.getLogger("singularity.server")
 
+#: Why a job's ranks are being stopped at a checkpoint (moves that a failed checkpoint cancels).
+MOVES = ("preempt", "migrate", "resize")
 #: Agent events that only add to the log (no state change), accepted for the current attempt.
 PASS_THROUGH = {EventType.LOG, EventType.PROGRESS, EventType.TELEMETRY, EventType.CHECKPOINT_STARTED}
 
@@ -110,19 +112,29 @@ class AgentSide:
             emit(ae.type, ae.data, ae.time)
         elif ae.type == EventType.CHECKPOINT_FAILED:
             emit(ae.type, ae.data, ae.time)
-            if state == JobState.PREEMPTING and row["stop_reason"] == "preempt":
-                # The preemption is answered with the error; the job runs on untouched.
-                self.store.update_job(ae.job_id, state=JobState.RUNNING.value, stop_reason=None,
-                                      stop_detail_json=None)
+            if row["stop_reason"] in MOVES:
+                # The move is answered with the error; the job runs on untouched, at its old size.
+                detail = json.loads(row["stop_detail_json"] or "{}")
+                updates: dict[str, Any] = {"state": JobState.RUNNING.value, "stop_reason": None,
+                                           "stop_detail_json": None}
+                if row["stop_reason"] == "resize":
+                    updates["gpus"] = detail.get("from", row["gpus"])
+                self.store.update_job(ae.job_id, **updates)
         elif ae.type == EventType.RESUMED:
             emit(ae.type, {**ae.data, "node": node, "attempt": ae.attempt,
                            "placement": json.loads(row["placement_json"])}, ae.time)
+            moved = json.loads(row["migration_json"] or "{}")
+            seconds = round(ae.time - moved.get("requested_at", ae.time), 3)
             if state == JobState.MIGRATING:
-                moved = json.loads(row["migration_json"] or "{}")
                 to = ",".join(p["node"] for p in json.loads(row["placement_json"]))
                 self.store.update_job(ae.job_id, state=JobState.RUNNING.value)
                 emit(EventType.MIGRATED, {"from": moved.get("from"), "to": to, "step": ae.data.get("step"),
-                                          "seconds": round(ae.time - moved.get("requested_at", ae.time), 3)})
+                                          "seconds": seconds})
+            elif state == JobState.RESIZING:
+                self.store.update_job(ae.job_id, state=JobState.RUNNING.value)
+                emit(EventType.RESIZED, {**{k: moved.get(k) for k in ("from", "to", "splicing", "reason", "by")},
+                                         "step": ae.data.get("step"), "seconds": seconds,
+                                         "phases": self._resize_phases(ae.job_id, moved, ae.time)})
         elif ae.type == EventType.STARTED:
             if row["started_at"] is None:
                 self.store.update_job(ae.job_id, started_at=ae.time)
@@ -191,10 +203,27 @@ class AgentSide:
         elif stop_reason == "migrate" and stopped_at_checkpoint:
             self.store.update_job(job_id, **updates)
             followups.append(lambda: self._migrate_onwards(job_id, detail))
+        elif stop_reason == "resize" and stopped_at_checkpoint:
+            self.store.update_job(job_id, **updates)
+            followups.append(lambda: self._resize_onwards(job_id, detail))
         else:
             self._settle(job_id, updates, JobState.SUCCEEDED, EventType.SUCCEEDED,
                          {"seconds": round(now - (row["started_at"] or now), 3)}, emit)
         followups.append(self._schedule_hook)
+
+    def _resize_phases(self, job_id: str, detail: dict[str, Any], resumed_at: float) -> dict[str, float]:
+        """Where a resize's time went: agreeing on the step (barrier), writing the checkpoint,
+        stopping and starting the ranks (restart), loading it back (restore)."""
+        first: dict[EventType, float] = {}
+        for ev in self.store.events(job_id, int(detail.get("since_seq", 0))):
+            if ev.type in (EventType.CHECKPOINT_STARTED, EventType.CHECKPOINTED, EventType.STARTED):
+                first.setdefault(ev.type, ev.time)
+        marks = [detail.get("requested_at"), first.get(EventType.CHECKPOINT_STARTED),
+                 first.get(EventType.CHECKPOINTED), first.get(EventType.STARTED), resumed_at]
+        if any(m is None for m in marks):
+            return {}
+        names = ("barrier", "checkpoint", "restart", "restore")
+        return {name: round(b - a, 3) for name, a, b in zip(names, marks, marks[1:])}
 
     def _settle(self, job_id: str, updates: dict[str, Any], state: JobState, etype: EventType,
                 data: dict[str, Any], emit) -> None:

@@ -146,6 +146,7 @@ class JobActionHandler(ApiHandler):
                 "resume": lambda: svc.resume(self.user, job_id),
                 "checkpoint": lambda: svc.checkpoint(self.user, job_id, reason),
                 "migrate": lambda: svc.migrate(self.user, job_id, body.node, reason),
+                "resize": lambda: svc.resize(self.user, job_id, body.gpus, reason),
             }
             if action not in handlers:
                 raise ServiceError(404, f"unknown action '{action}'; valid: {', '.join(handlers)}", "action")

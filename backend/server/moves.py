@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from singularity_sdk.protocol import CheckpointJob, EventType, JobInfo, JobState, NodeInfo, NodeState
 
+from . import ranks
 from .core import ServiceError
 
 log = logging.getLogger("singularity.server")
@@ -87,12 +88,80 @@ class Moves:
         self._checkpoint_everywhere(info, "stop", detail["reason"])
         return self.store.job_info(job_id)
 
-    def _find_room(self, gpus: int, exclude: set[str] = frozenset(), only: Optional[str] = None):
+    def resize(self, user: str, job_id: str, gpus: Optional[int], reason: str = "", by: Optional[str] = None,
+               placement: Optional[dict[str, tuple[int, ...]]] = None) -> JobInfo:
+        """Run the job on ``gpus`` devices from now on, keeping its ranks: a consistent checkpoint,
+        then all ranks restart on the new placement (several ranks per device when fewer devices
+        than ranks). A queued or preempted job just changes size. ``placement``: where (the
+        scheduler's choice); otherwise wherever fits, preferring to pack."""
+        info = self.job(user, job_id)
+        if gpus is None:
+            raise ServiceError(422, "say how many devices: resize needs gpus", "gpus")
+        valid = ranks.choices(info.ranks, self.capacity() or gpus)
+        if gpus not in valid:
+            hint = "" if info.ranks > 1 else "; submit with --ranks N for a job that can change size"
+            raise ServiceError(422, f"job {job_id} has {info.ranks} rank(s), so it can run on "
+                                    f"{', '.join(map(str, valid))} device(s), not {gpus}{hint}", "gpus")
+        now_on = sum(len(p.devices) for p in info.placement) if info.state.holds_devices else info.gpus
+        detail = {"from": now_on, "to": gpus, "splicing": info.ranks // gpus if gpus < info.ranks else 1,
+                  "reason": reason or f"requested by {by or user}", "by": by or user, "requested_at": time.time()}
+        if info.state in (JobState.QUEUED, JobState.PREEMPTED):
+            with self.store.tx():
+                self.store.update_job(job_id, gpus=gpus)
+                ev = self._emit(job_id, EventType.RESIZED, {**detail, "seconds": 0.0, "queued": True})
+            self._publish(info.user, [ev])
+            self._schedule_hook()
+            return self.store.job_info(job_id)
+        self._require(user, job_id, JobState.RUNNING, "resized")
+        if gpus == now_on:
+            raise ServiceError(409, f"job {job_id} already runs on {gpus} device(s)", "gpus")
+        own = {p.node: tuple(p.devices) for p in info.placement}
+        if placement is None and self._find_room(gpus, also=own) is None:
+            raise ServiceError(409, f"no room for {gpus} device(s) now (counting the job's own {now_on}); "
+                                    f"free some devices or try a smaller size", "gpus")
+        detail.update(since_seq=info.last_seq, placement={n: list(d) for n, d in (placement or {}).items()})
+        with self.store.tx():
+            self.store.update_job(job_id, state=JobState.RESIZING.value, stop_reason="resize", gpus=gpus,
+                                  stop_detail_json=json.dumps(detail), migration_json=json.dumps(detail),
+                                  moved_at=time.time())
+            ev = self._emit(job_id, EventType.RESIZING, {k: v for k, v in detail.items() if k != "since_seq"})
+        self._publish(info.user, [ev])
+        self._checkpoint_everywhere(info, "stop", detail["reason"])
+        return self.store.job_info(job_id)
+
+    def _resize_onwards(self, job_id: str, detail: dict[str, Any]) -> None:
+        """All ranks stopped at a consistent checkpoint: start them again on the new placement."""
+        row = self.store.job_row(job_id)
+        own = {p["node"]: tuple(p["devices"]) for p in json.loads(row["placement_json"])}  # still "held" by it
+        wanted = {n: tuple(d) for n, d in (detail.get("placement") or {}).items()}
+        target = wanted if wanted and self._is_free(wanted, own) else self._find_room(row["gpus"], also=own)
+        if target is None:  # someone took the room meanwhile: wait in the queue at the new size
+            with self.store.tx():
+                self.store.update_job(job_id, state=JobState.QUEUED.value)
+                ev = self._emit(job_id, EventType.PREEMPTED,
+                                {"reason": f"no room for {row['gpus']} device(s) after the resize; waiting",
+                                 "by": "scheduler"})
+            self._publish(row["user"], [ev])
+            self._schedule_hook()
+            return
+        where = ", ".join(f"{n} {list(d)}" for n, d in target.items())
+        self._start_attempt(row, target, f"resize to {row['gpus']} device(s): {where}", JobState.RESIZING)
+
+    def _is_free(self, placement: dict[str, tuple[int, ...]], also: dict[str, tuple[int, ...]]) -> bool:
+        """Whether every device of ``placement`` is free now, counting ``also`` as free."""
+        nodes = {n.name: n for n in self.snapshot().nodes}
+        return all(n in nodes and nodes[n].schedulable and set(d) <= {*nodes[n].free, *also.get(n, ())}
+                   for n, d in placement.items())
+
+    def _find_room(self, gpus: int, exclude: set[str] = frozenset(), only: Optional[str] = None,
+                   also: Optional[dict[str, tuple[int, ...]]] = None):
+        """Devices for ``gpus`` now (packed onto few nodes), counting ``also`` as free."""
         from backend.scheduler.fifo import pick_devices
 
         snap = self.snapshot()
         nodes = [n for n in snap.nodes if n.schedulable and n.name not in exclude and (only is None or n.name == only)]
-        return pick_devices(nodes, {n.name: list(n.free) for n in nodes}, gpus)
+        extra = also or {}
+        return pick_devices(nodes, {n.name: sorted({*n.free, *extra.get(n.name, ())}) for n in nodes}, gpus)
 
     def _migrate_onwards(self, job_id: str, detail: dict[str, Any]) -> None:
         """The source ranks stopped at a checkpoint: start the job at its destination."""

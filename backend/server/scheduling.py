@@ -12,6 +12,7 @@ from backend.scheduler.fifo import fifo_policy
 from backend.scheduler.types import Action, JobView, Migrate, NodeView, Place, Preempt, Resize, Snapshot
 from singularity_sdk.protocol import EventType, JobState, NodeState, Placement, RankSpec, StartJob
 
+from . import ranks
 from .core import ServiceConfig, ServiceError
 
 log = logging.getLogger("singularity.server")
@@ -92,19 +93,19 @@ class Scheduling:
         job_id = row["id"]
         attempt = row["attempt"] + 1
         world = row["ranks"]
-        per_rank = row["gpus"] // world
         # Ranks take devices in placement order, so co-located ranks are contiguous.
         flat = [(node, d) for node, devs in placement.items() for d in devs]
+        per_rank = ranks.assign(world, flat)
         placements: dict[str, Placement] = {}
         rank_specs: dict[str, list[RankSpec]] = {}
-        for rank in range(world):
-            mine = flat[rank * per_rank:(rank + 1) * per_rank]
+        for rank, mine in enumerate(per_rank):
             node = mine[0][0]
             p = placements.setdefault(node, Placement(node=node, devices=[], ranks=[]))
-            p.devices.extend(d for _n, d in mine)
+            p.devices.extend(d for _n, d in mine if d not in p.devices)
             p.ranks.append(rank)
             specs = rank_specs.setdefault(node, [])
             specs.append(RankSpec(rank=rank, local_rank=len(specs), devices=[d for _n, d in mine]))
+        layout = ranks.layout(per_rank) if world > 1 else None
         placement_json = [p.model_dump() for p in placements.values()]
         with self.store.tx():
             self.store.update_job(job_id, state=state.value, attempt=attempt, stop_reason=None, exited_json="{}",
@@ -121,7 +122,7 @@ class Scheduling:
                 source=row["source"], callable_b64=row["callable_b64"], filename=row["filename"],
                 inputs_b64=row["inputs_b64"], outputs=json.loads(row["outputs_json"]),
                 env=json.loads(row["env_json"]), checkpoint_every=row["checkpoint_every"] or self.config.checkpoint_every,
-                restore=checkpoint,
+                restore=checkpoint, layout=layout,
             )
             if not self._send(node, msg):
                 info = self.store.job_info(job_id)

@@ -31,6 +31,7 @@ from singularity_sdk.protocol import (
     SubmitRequest,
 )
 
+from . import ranks
 from .agent_side import AgentSide
 from .core import AgentLink, ServiceConfig, ServiceError
 from .hub import Hub
@@ -128,11 +129,11 @@ class Service(AgentSide, Moves, Scheduling):
                 raise ServiceError(
                     422, f"the code does not compile: {exc.msg} ({req.filename}, line {exc.lineno})", "source"
                 ) from None
-        ranks = req.ranks or req.gpus
-        if req.gpus % ranks:
+        world = req.ranks or req.gpus
+        if not ranks.fits(world, req.gpus):
             raise ServiceError(
-                422, f"--ranks {ranks} must divide --gpus {req.gpus} (each rank gets the same number of devices)",
-                "ranks",
+                422, f"--ranks {world} and --gpus {req.gpus}: one must divide the other (each rank gets the same "
+                     f"number of devices, or each device the same number of ranks)", "ranks",
             )
         if req.inputs_b64 is not None and len(req.inputs_b64) * 3 // 4 > MAX_INPUTS_BYTES:
             raise ServiceError(
@@ -157,7 +158,7 @@ class Service(AgentSide, Moves, Scheduling):
             self.store.insert_job(
                 dict(
                     id=job_id, user=user, name=name, state=JobState.QUEUED.value, sla=req.sla.value,
-                    gpus=req.gpus, ranks=ranks, source=req.source, callable_b64=req.callable_b64,
+                    gpus=req.gpus, ranks=world, source=req.source, callable_b64=req.callable_b64,
                     inputs_b64=req.inputs_b64, outputs_json=json.dumps(req.outputs),
                     filename=req.filename, env_json=json.dumps(req.env), checkpoint_every=req.checkpoint_every,
                     created_at=now, updated_at=now,
@@ -165,7 +166,7 @@ class Service(AgentSide, Moves, Scheduling):
             )
             ev = self._emit(
                 job_id, EventType.SUBMITTED,
-                {"user": user, "name": name, "gpus": req.gpus, "ranks": ranks, "sla": req.sla.value,
+                {"user": user, "name": name, "gpus": req.gpus, "ranks": world, "sla": req.sla.value,
                  "kind": "source" if req.source is not None else "callable"},
                 now,
             )

@@ -16,7 +16,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 RESULT_REPR_LIMIT = 20_000
 EXIT_PREEMPTED = 75  # singularity_sdk.protocol.EXIT_PREEMPTED, not imported: see main()
@@ -187,23 +187,42 @@ def main(argv: Optional[list[str]] = None) -> int:
             data = {**data, "checkpoint": restore_path[0] if restore_path else None}
         channel.send(type, data)
 
-    controller = Controller(store, rank=rank, world_size=world, checkpoint_every=spec.get("checkpoint_every"),
-                            on_event=on_event)
+    if world > 1:
+        controller, reporter = distributed_controller(store, rank, world, spec.get("checkpoint_every"), on_event)
+    else:
+        controller, reporter = Controller(store, rank=rank, world_size=world,
+                                          checkpoint_every=spec.get("checkpoint_every"), on_event=on_event), None
     namespace = fresh_namespace(filename)
     try:
         program = load_program(spec)
         restore = store.latest() if spec.get("restore") else None
         if spec.get("restore") and restore is None:
             sys.stderr.write(f"singularity: no usable checkpoint under {store.root}; starting from the beginning\n")
+        if restore is not None and restore.world_size != world:
+            sys.stderr.write(f"singularity: checkpoint {restore.path} has {restore.world_size} ranks, this job has "
+                             f"{world}; a job keeps its number of ranks for life\n")
+            return 2
         if restore is None:
             load_inputs(spec.get("inputs_b64"), namespace)
         else:
             restore_path.append(str(restore.path))  # "resumed" is reported once it is in place
+            if world > 1:
+                from backend.proxy.collectives import restore_process_group
+
+                restore_process_group()  # the namespace's DDP modules attach to it as they load
         listen_for_requests(controller)
         value = program.run(namespace, controller, restore)
     except Preempted:
         # The checkpoint is committed and fsynced; tearing down the interpreter (torch's
         # finalizers) would only delay freeing the device.
+        if world > 1:
+            # Neighbours on this device still need their turn to reach the same checkpoint;
+            # rank 0 (whose process holds the job's rendezvous store) waits until all wrote it.
+            from backend.proxy.collectives import shutdown_all
+
+            shutdown_all()
+        if reporter is not None:
+            reporter.flush()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_PREEMPTED)
@@ -220,6 +239,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+    if reporter is not None:
+        reporter.flush()
     if rank == 0:
         save_result(value, out_dir)
         if spec.get("outputs"):
@@ -227,6 +248,67 @@ def main(argv: Optional[list[str]] = None) -> int:
         if world == 1:
             store.clear()  # the job is done: its checkpoints have served their purpose
     return 0
+
+
+def distributed_controller(store, rank: int, world: int, checkpoint_every: Optional[float],
+                           on_event: Callable[[str, dict[str, Any]], None]):
+    """One rank of W: the proxy's collective backend, and checkpoints agreed by all ranks.
+
+    Every rank writes its part of each checkpoint, but the job has one event stream: rank 0
+    speaks for the job, and reports a checkpoint only once the last rank has committed it."""
+    from backend.proxy.cut import DistributedController
+    from backend.proxy.launch import prepare_rank
+
+    prepare_rank()
+    reporter = CommitReporter(on_event) if rank == 0 else None
+
+    def forward(type: str, data: dict[str, Any]) -> None:
+        if type == "checkpoint_failed":
+            on_event(type, {**data, "rank": rank})
+        elif reporter is not None:
+            reporter(type, data)
+
+    return DistributedController(store, rank, world, checkpoint_every=checkpoint_every, on_event=forward), reporter
+
+
+class CommitReporter:
+    """Rank 0's events; ``checkpointed`` waits (off the training thread) for the manifest."""
+
+    def __init__(self, send: Callable[[str, dict[str, Any]], None], timeout_s: float = 600.0) -> None:
+        self.send = send
+        self.timeout_s = timeout_s
+        self._threads: list[threading.Thread] = []
+
+    def __call__(self, type: str, data: dict[str, Any]) -> None:
+        if type != "checkpointed" or not data.get("path"):
+            self.send(type, data)
+            return
+        t = threading.Thread(target=self._when_committed, args=(data,), daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _when_committed(self, data: dict[str, Any]) -> None:
+        import time
+
+        manifest = Path(data["path"]) / "manifest.json"
+        deadline = time.monotonic() + self.timeout_s
+        while not manifest.exists():
+            if time.monotonic() > deadline:
+                self.send("checkpoint_failed", {"error": f"not every rank finished checkpoint {data['path']} "
+                                                         f"within {self.timeout_s:.0f} s", "variables": []})
+                return
+            time.sleep(0.005)
+        try:  # the job's size on disk, all ranks together (rank 0 measured only its own part)
+            files = json.loads(manifest.read_text()).get("files", {})
+            data = {**data, "bytes": sum(int(f.get("bytes", 0)) for f in files.values())}
+        except (OSError, ValueError):
+            pass
+        self.send("checkpointed", data)
+
+    def flush(self) -> None:
+        """Wait for pending reports (before the process exits)."""
+        for t in self._threads:
+            t.join()
 
 
 def entry() -> None:
