@@ -13,13 +13,20 @@ the raw bytes only; dtype and shape live in the reference, so identical bytes se
 are still one blob, and a view is rebuilt exactly.  Object identity is kept within one file: a
 parameter referenced by the model and by its optimizer comes back as one object.
 
-Concurrent writers: all W ranks write the same blobs at the same moment.  The first to create
-``<digest>.claim`` (``O_EXCL``; the empty file stays) writes ``<digest>`` (temp name, fsync,
-rename); the others skip it.  Every rank writes its blobs before its rank file, and the checkpoint store commits only
-when every rank file is in, so a committed checkpoint has every blob complete.
+Concurrent writers: all W ranks write the same blobs at the same moment.  The first to link
+``<digest>.claim`` into place (holding an exclusive ``flock`` on it; the empty file stays) writes
+``<digest>`` (temp name, fsync, rename); the others skip it and, before their own rank file is
+finished, wait for a shared lock on the claim.  The kernel drops a dead writer's lock, so a claim
+left by a crashed attempt (same step, same bytes) is found unlocked with no blob, and the waiting
+rank writes the blob itself.  Every rank therefore has all its blobs complete before its rank
+file, and the checkpoint store commits only when every rank file is in.
+
+Tensors with Python attributes (``param.foo = 1``) keep them: the attribute dict is pickled as the
+tensor's state, set after the tensor exists, as ``torch.save`` does.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import os
@@ -31,7 +38,9 @@ from typing import Any, BinaryIO, Callable, Optional, Union
 
 import torch
 
-BLOB_DIR = "blobs"
+from .store import BLOB_DIR
+
+__all__ = ["BLOB_DIR", "BlobStore", "DumpStats", "dump", "dumps", "load", "dedup_pickler", "dedup_unpickler"]
 _TAG = "sg-tensor"
 Location = Union[None, str, torch.device, Callable[[torch.device], torch.device]]
 
@@ -56,27 +65,71 @@ class BlobStore:
     def path(self, digest: str) -> Path:
         return self.folder / digest
 
-    def put(self, digest: str, data: memoryview) -> int:
-        """Store ``data`` under ``digest`` unless some rank has it or is writing it; bytes written.
+    def put(self, digest: str, data: memoryview) -> Optional[int]:
+        """Store ``data`` under ``digest`` unless it is there; bytes written, None if another writer has it.
 
-        The empty ``<digest>.claim`` file stays: removing it would let a rank that checked for the
+        None means the blob was claimed by someone else: call `settle` before relying on it.  The
+        empty ``<digest>.claim`` file stays: removing it would let a rank that checked for the
         blob just before it appeared claim and write it a second time.
         """
         self.folder.mkdir(parents=True, exist_ok=True)
-        final = self.path(digest)
-        if final.exists():
+        if self.path(digest).exists():
+            return 0
+        fd = self._claim(digest)
+        if fd is None:
+            return None
+        try:
+            return self._write(digest, data)
+        finally:
+            os.close(fd)  # releases the claim's lock: waiting ranks find the blob
+
+    def settle(self, digest: str, data: Callable[[], memoryview]) -> int:
+        """Make sure a blob claimed by another writer exists; bytes this call wrote.
+
+        Blocks while the claim's writer is alive and writing.  A claim left by a writer that died
+        (a crashed attempt at the same step) is unlocked with no blob: write it ourselves.
+        """
+        if self.path(digest).exists():
             return 0
         try:
-            fd = os.open(self.path(digest + ".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(self.path(digest + ".claim"), os.O_RDONLY)
+        except FileNotFoundError:
+            fd = None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            finally:
+                os.close(fd)
+        if self.path(digest).exists():
+            return 0
+        return self._write(digest, data())
+
+    def _claim(self, digest: str) -> Optional[int]:
+        """Create ``<digest>.claim`` already locked (link of a locked temp file); None if it exists."""
+        tmp = self.path(f"{digest}.{os.getpid()}.{threading.get_ident()}.claiming")
+        tmp.unlink(missing_ok=True)  # only a dead process with our pid could have left it
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.link(tmp, self.path(digest + ".claim"))
         except FileExistsError:
-            return 0  # another rank writes it, before its own rank file (see the module docstring)
-        os.close(fd)
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            tmp.unlink(missing_ok=True)
+        return fd
+
+    def _write(self, digest: str, data: memoryview) -> int:
+        """Temp name, fsync, rename: a blob is complete or absent (concurrent equal writes are fine)."""
         part = self.path(f"{digest}.{os.getpid()}.{threading.get_ident()}.part")
         with open(part, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(part, final)
+        os.replace(part, self.path(digest))
         return len(data)
 
     def read(self, digest: str, nbytes: int) -> torch.UntypedStorage:
@@ -130,6 +183,30 @@ def _device_of(location: Location, saved: str) -> torch.device:
     return torch.device(location)
 
 
+def _blob_tensor(obj: Any) -> bool:
+    """Tensors whose storage goes to a blob; others are pickled inline by torch's own reducers."""
+    return (isinstance(obj, torch.Tensor) and type(obj) in (torch.Tensor, torch.nn.Parameter)
+            and obj.layout == torch.strided and not obj.is_quantized and obj.device.type != "meta")
+
+
+class _Bare:
+    """A tensor to be referenced without its attribute dict (which the reduce around it carries)."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+def _same(obj: Any) -> Any:
+    return obj
+
+
+def _set_attributes(obj: torch.Tensor, state: dict) -> None:
+    for k, v in state.items():
+        setattr(obj, k, v)
+
+
 def dedup_pickler(base: type = pickle.Pickler) -> type:
     """A subclass of ``base`` (e.g. the engine's cloudpickle Pickler) that sends tensors to blobs."""
 
@@ -140,13 +217,22 @@ def dedup_pickler(base: type = pickle.Pickler) -> type:
             self._stats = stats
             self._seen: dict[int, int] = {}  # id(tensor) -> index, for identity
             self._keep: list[Any] = []  # keeps ids stable while pickling
-            self._digests: dict[tuple[int, int], str] = {}  # (data_ptr, nbytes) -> digest
+            self._storages: dict[int, tuple[int, str]] = {}  # storage's _cdata -> (index in this file, digest)
+            #: blobs another writer claimed: `settle` them before the rank file counts as written
+            self.claimed_elsewhere: dict[str, torch.UntypedStorage] = {}
+
+        def reducer_override(self, obj: Any) -> Any:
+            if _blob_tensor(obj) and obj.__dict__:
+                # created from the blob reference first, attributes set after (they may refer back)
+                return _same, (_Bare(obj),), dict(obj.__dict__), None, None, _set_attributes
+            parent = getattr(super(), "reducer_override", None)
+            return parent(obj) if parent is not None else NotImplemented
 
         def persistent_id(self, obj: Any) -> Any:
-            if not isinstance(obj, torch.Tensor) or type(obj) not in (torch.Tensor, torch.nn.Parameter):
+            if isinstance(obj, _Bare):
+                obj = obj.tensor
+            elif not _blob_tensor(obj) or obj.__dict__:
                 return None
-            if obj.layout != torch.strided or obj.is_quantized or obj.device.type == "meta":
-                return None  # pickled inline by torch's own reducers
             index = self._seen.get(id(obj))
             if index is not None:
                 return (_TAG, index)
@@ -154,19 +240,32 @@ def dedup_pickler(base: type = pickle.Pickler) -> type:
             self._seen[id(obj)] = index
             self._keep.append(obj)
             storage = obj.untyped_storage()
-            key = (storage.data_ptr(), storage.nbytes())
-            digest = self._digests.get(key)
-            if digest is None:
-                data = storage_bytes(storage)
-                digest = hashlib.sha256(data).hexdigest()
-                self._digests[key] = digest
-                self._stats.blob_bytes_written += self._blobs.put(digest, data)
-            self._stats.storages[digest] = storage.nbytes()
+            storage_index, digest = self._store(storage)
             self._stats.tensors += 1
             meta = (digest, storage.nbytes(), str(obj.dtype).removeprefix("torch."), tuple(obj.shape),
                     tuple(obj.stride()), obj.storage_offset(), bool(obj.requires_grad),
-                    isinstance(obj, torch.nn.Parameter), str(obj.device))
+                    isinstance(obj, torch.nn.Parameter), str(obj.device), storage_index)
             return (_TAG, index, meta)
+
+        def _store(self, storage: torch.UntypedStorage) -> tuple[int, str]:
+            """(index in this file, digest) of ``storage``; its blob is written the first time it is seen.
+
+            The index, not the digest, says which tensors share memory: two storages with equal
+            bytes (two zero-initialised biases) are one blob but stay two storages when loaded.
+            """
+            known = self._storages.get(storage._cdata)
+            if known is not None:
+                return known
+            data = storage_bytes(storage)
+            digest = hashlib.sha256(data).hexdigest()
+            known = self._storages[storage._cdata] = (len(self._storages), digest)
+            written = self._blobs.put(digest, data)
+            if written is None:
+                self.claimed_elsewhere.setdefault(digest, storage)
+            else:
+                self._stats.blob_bytes_written += written
+            self._stats.storages[digest] = storage.nbytes()
+            return known
 
     return DedupPickler
 
@@ -180,7 +279,7 @@ def dedup_unpickler(base: type = pickle.Unpickler) -> type:
             self._blobs = blobs
             self._location = map_location
             self._tensors: dict[int, torch.Tensor] = {}
-            self._storages: dict[tuple[str, str], torch.UntypedStorage] = {}
+            self._storages: dict[int, torch.UntypedStorage] = {}  # storage index in the file -> storage
 
         def persistent_load(self, pid: Any) -> Any:
             if not (isinstance(pid, tuple) and pid and pid[0] == _TAG):
@@ -188,14 +287,14 @@ def dedup_unpickler(base: type = pickle.Unpickler) -> type:
             if len(pid) == 2:
                 return self._tensors[pid[1]]
             _, index, meta = pid
-            digest, nbytes, dtype, shape, stride, offset, requires_grad, is_param, device = meta
+            digest, nbytes, dtype, shape, stride, offset, requires_grad, is_param, device, storage_index = meta
             target = _device_of(self._location, device)
-            storage = self._storages.get((digest, str(target)))
+            storage = self._storages.get(storage_index)
             if storage is None:
                 storage = self._blobs.read(digest, nbytes)
                 if target.type != "cpu":
                     storage = storage.to(device=target)
-                self._storages[(digest, str(target))] = storage
+                self._storages[storage_index] = storage
             t = torch.empty(0, dtype=getattr(torch, dtype), device=target)
             t.set_(storage, offset, shape, stride)
             if is_param:
@@ -209,10 +308,17 @@ def dedup_unpickler(base: type = pickle.Unpickler) -> type:
 
 
 def dump(obj: Any, f: BinaryIO, blobs: BlobStore, pickler: Optional[type] = None, protocol: int = 4) -> DumpStats:
-    """Pickle ``obj`` to ``f`` with its tensors' storages in ``blobs``."""
+    """Pickle ``obj`` to ``f`` with its tensors' storages in ``blobs``.
+
+    Returns once every blob the pickle references is complete (including ones other writers
+    claimed), so a rank file written after it never points at a missing blob.
+    """
     stats = DumpStats()
     counter = _Counting(f)
-    dedup_pickler(pickler or pickle.Pickler)(counter, blobs, stats, protocol).dump(obj)
+    p = dedup_pickler(pickler or pickle.Pickler)(counter, blobs, stats, protocol)
+    p.dump(obj)
+    for digest, storage in p.claimed_elsewhere.items():
+        stats.blob_bytes_written += blobs.settle(digest, lambda s=storage: storage_bytes(s))
     stats.file_bytes = counter.bytes
     return stats
 

@@ -7,6 +7,12 @@ has not been imported (so there can be no tensors) the same graph is written as 
 by the same pickler instead, sparing a torch-free job the torch import; `load_graph` tells the
 two apart by torch's zip signature.
 
+With several ranks (data-parallel replicas holding the same parameters and optimizer state) the
+graph is pickled by `dedup.dump` instead: every tensor storage goes once into the checkpoint's
+shared ``blobs/`` folder under its sha256, and the rank file is a plain pickle of the graph with
+references to them, so a W-rank checkpoint is about the size of one rank's.  A pickle rank file
+next to a ``blobs/`` folder is read back with `dedup.load`.
+
 Our pickler extends cloudpickle in four ways:
 
 * functions whose ``__globals__`` is the program's namespace are pickled by value but *without*
@@ -35,6 +41,7 @@ import platform
 import sys
 import time
 import types
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import cloudpickle
@@ -42,10 +49,13 @@ import cloudpickle
 from . import iterators, lazy, rng
 from .errors import CheckpointError, CheckpointFailure
 from .rewrite import PREFIX
+from .store import CheckpointStore
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from .runtime import Runtime
-    from .store import CheckpointRef
+    from .store import CheckpointRef, RankFile
 
 try:
     from cloudpickle import cloudpickle as _cp
@@ -197,6 +207,17 @@ def _map_location(storage: Any, location: str) -> Any:
             return storage.cuda(torch.cuda.current_device())
         return storage.cpu()
     return storage
+
+
+def _map_device(saved: "torch.device") -> "torch.device":
+    """`_map_location` for `dedup.load`, which asks per device instead of per storage."""
+    import torch  # only dedup.load calls this
+
+    if saved.type == "cuda":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    return saved
 
 
 # --------------------------------------------------------------------------- what to save
@@ -354,9 +375,9 @@ def _write_checkpoint(rt: "Runtime", boundary: Optional[int]) -> tuple["Checkpoi
         graph = _graph(rt, position, namespace, saved_locals, rebuild)
         written: dict[str, Any] = {}
 
-        def writer(f: Any) -> None:
-            save_graph(graph, f)
-            written["bytes"] = f.bytes
+        def writer(f: "RankFile") -> None:
+            blob_bytes = save_graph(graph, f, f.blob_dir if ctl.world_size > 1 else None, f.blobs)
+            written["bytes"] = f.bytes + blob_bytes
 
         try:
             ref = ctl.store.write(rt.step, ctl.rank, ctl.world_size, writer)
@@ -412,36 +433,63 @@ def _graph(rt: "Runtime", position: list[dict], namespace: dict, saved_locals: O
     }
 
 
-def save_graph(graph: dict, f: Any) -> None:
-    """torch.save when torch is loaded (tensors, storages written once); else a plain pickle."""
+def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,
+               blobs: Optional[dict[str, int]] = None) -> int:
+    """Write ``graph`` to ``f``; returns the blob bytes this call wrote.
+
+    torch.save when torch is loaded (tensors, storages written once); with ``blob_dir`` (several
+    ranks) `dedup.dump` instead, recording the blobs the file references in ``blobs``; without
+    torch a plain pickle (nothing in the graph can be a tensor, and importing torch costs ~1 s).
+    """
     torch = lazy.torch()
-    if torch is not None:
-        torch.save(graph, f, pickle_module=PICKLE_MODULE, pickle_protocol=4)
-    else:  # nothing in the graph can be a tensor, and importing torch would cost ~1 s
+    if torch is None:
         ProxyPickler(f, protocol=4).dump(graph)
+        return 0
+    if blob_dir is None:
+        torch.save(graph, f, pickle_module=PICKLE_MODULE, pickle_protocol=4)
+        return 0
+    from . import dedup
+
+    stats = dedup.dump(graph, f, dedup.BlobStore(blob_dir), pickler=PICKLE_MODULE.Pickler,
+                       protocol=4)
+    if blobs is not None:
+        blobs.update(stats.storages)
+    return stats.blob_bytes_written
 
 
 # --------------------------------------------------------------------------- reading
-def _read_graph(path: Any) -> Any:
-    """Read a file `save_graph` wrote; torch is imported only for a torch.save archive."""
+def _read_graph(path: Path, blob_dir: Path) -> Any:
+    """Read a file `save_graph` wrote; torch is imported only for a torch.save archive or blobs."""
     with open(path, "rb") as f:
         if f.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
             f.seek(0)
-            return pickle.load(f)
+            if not blob_dir.is_dir():  # a torch-free pickle (or a graph without tensors)
+                return pickle.load(f)
+            from . import dedup
+
+            return dedup.load(f, dedup.BlobStore(blob_dir), unpickler=PICKLE_MODULE.Unpickler,
+                              map_location=_map_device)
     import torch
 
     return torch.load(path, map_location=_map_location, pickle_module=PICKLE_MODULE, weights_only=False)
 
 
 def load_graph(ref: "CheckpointRef", rank: int, target_namespace: dict, identity: str) -> dict:
-    """Load one rank's file; functions of the program get ``target_namespace`` as globals."""
+    """Load one rank's file; functions of the program get ``target_namespace`` as globals.
+
+    Rank 0 also drops staging folders of later steps: a crashed attempt's leftovers there would
+    otherwise be mixed into the checkpoints this run writes when it reaches those steps again.
+    No rank of this run can be writing one yet (that needs a cut rank 0 takes part in).
+    """
     path = ref.rank_file(rank)
     if not path.exists():
         raise CheckpointError(f"{ref.path} has no file for rank {rank} (it was written by "
                               f"{ref.world_size} ranks)")
+    if rank == 0:
+        CheckpointStore(ref.path.parent).discard_staging(after=ref.step)
     token = _LOAD_NS.set(target_namespace)
     try:
-        graph = _read_graph(path)
+        graph = _read_graph(path, ref.blob_dir)
     except Exception as e:
         raise CheckpointError(f"cannot load {path}: {type(e).__name__}: {e}. If the code or its imports "
                               f"changed since the checkpoint, restore with the original code or start over.") from e

@@ -4,7 +4,9 @@ Layout under a job's root::
 
     ckpt-00000042/              committed checkpoint of safe point 42
         rank-0.pt ... rank-{W-1}.pt
-        manifest.json           format, step, world_size, created, files {name: {bytes, sha256}}
+        blobs/<sha256>          W > 1: tensor storages shared by the ranks (see dedup.py)
+        manifest.json           format, step, world_size, created, files {name: {bytes, sha256}},
+                                blobs {sha256: {bytes}} (only when there are blobs)
     .ckpt-00000043.tmp/         staging folder of a checkpoint being written (never read)
 
 Every rank writes ``rank-R.pt.part``, fsyncs it and renames it to ``rank-R.pt`` next to a small
@@ -12,6 +14,12 @@ Every rank writes ``rank-R.pt.part``, fsyncs it and renames it to ``rank-R.pt`` 
 ``.commit`` lock, writes ``manifest.json``, fsyncs, renames the staging folder to ``ckpt-*`` and
 fsyncs the root.  A crash at any moment therefore leaves either the old set of committed
 checkpoints or the old set plus a complete new one; ``latest()`` re-verifies sizes and sums.
+
+A writer may also put content-addressed blobs in ``blobs/`` of the staging folder
+(`RankFile.blob_dir`) and say which ones its rank file needs (`RankFile.blobs`); they must be
+complete before the writer returns.  The committing rank checks that every needed blob is there,
+drops everything else from ``blobs/`` (claims, temp files, blobs of a failed attempt) and lists
+the blobs in the manifest, so they are verified like rank files.
 """
 from __future__ import annotations
 
@@ -31,6 +39,8 @@ from typing import Any, BinaryIO, Callable, Optional
 from .errors import CheckpointError
 
 FORMAT_VERSION = 1
+#: folder of a checkpoint holding the blobs its rank files reference (`dedup.BlobStore`)
+BLOB_DIR = "blobs"
 _COMMITTED = re.compile(r"^ckpt-(\d{8,})$")
 _STAGING = re.compile(r"^\.ckpt-(\d{8,})\.tmp$")
 #: Test hook: seconds to sleep half-way through writing a rank file (so a test can kill -9 us).
@@ -50,13 +60,18 @@ class CheckpointRef:
     world_size: int
     created: str = ""
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    blobs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def rank_file(self, rank: int) -> Path:
         return self.path / f"rank-{rank}.pt"
 
+    @property
+    def blob_dir(self) -> Path:
+        return self.path / BLOB_DIR
+
     def to_dict(self) -> dict[str, Any]:
         return {"path": str(self.path), "step": self.step, "world_size": self.world_size,
-                "created": self.created, "files": self.files}
+                "created": self.created, "files": self.files, "blobs": self.blobs}
 
 
 def _fsync_dir(path: Path) -> None:
@@ -67,14 +82,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class _HashingWriter:
-    """File wrapper that hashes and counts what passes through (and hosts the test sleep hook)."""
+class RankFile:
+    """What a writer gets: this rank's file (hashed and counted as it passes) and the blob folder.
 
-    def __init__(self, f: BinaryIO, sleep_s: float) -> None:
+    ``blob_dir`` is shared by all ranks of the checkpoint; a writer that stores blobs there
+    records the ones its file references in ``blobs`` (sha256 -> bytes) so the commit can check
+    them.  It also hosts the test sleep hook.
+    """
+
+    def __init__(self, f: BinaryIO, sleep_s: float, blob_dir: Path) -> None:
         self._f = f
         self.sha = hashlib.sha256()
         self.bytes = 0
         self._sleep_s = sleep_s
+        self.blob_dir = blob_dir
+        self.blobs: dict[str, int] = {}
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
@@ -102,6 +124,47 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _check_file(folder: Path, name: str, nbytes: Any, sha256: Any) -> None:
+    """Raise CheckpointError unless ``folder/name`` has the recorded size and sha256."""
+    fp = folder / name
+    if not fp.exists():
+        raise CheckpointError(f"{folder}: {name} is missing")
+    size = fp.stat().st_size
+    if size != nbytes:
+        raise CheckpointError(f"{folder}: {name} has {size} bytes, manifest says {nbytes}")
+    if _sha256_file(fp) != sha256:
+        raise CheckpointError(f"{folder}: {name} does not match its sha256 (the file is corrupted)")
+
+
+def _settle_blobs(folder: Path, files: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """The blobs the rank files reference (taken out of ``files``), checked complete; the rest is removed.
+
+    Runs once every rank file is in, when no writer of this checkpoint is still writing blobs:
+    anything unreferenced is a claim, a temp file, or a blob of an attempt that failed.
+    """
+    needed: dict[str, tuple[int, str]] = {}
+    for name, info in files.items():
+        for digest, nbytes in (info.pop("blobs", None) or {}).items():
+            needed.setdefault(digest, (int(nbytes), name))
+    if not folder.is_dir():
+        if needed:
+            raise CheckpointError(f"{folder} is missing; the rank files reference {len(needed)} blobs")
+        return {}
+    if not needed:
+        shutil.rmtree(folder)
+        return {}
+    for p in folder.iterdir():
+        if p.name not in needed:
+            p.unlink(missing_ok=True)
+    for digest, (nbytes, name) in needed.items():
+        size = (folder / digest).stat().st_size if (folder / digest).exists() else None
+        if size != nbytes:
+            raise CheckpointError(f"cannot commit: blob {digest} referenced by {name} "
+                                  f"{'is missing' if size is None else f'has {size} bytes, not {nbytes}'}")
+    _fsync_dir(folder)
+    return {d: {"bytes": n} for d, (n, _name) in sorted(needed.items())}
+
+
 class CheckpointStore:
     """All checkpoints of one job, in ``root``; keeps the newest ``keep`` committed ones."""
 
@@ -113,9 +176,10 @@ class CheckpointStore:
 
     # ------------------------------------------------------------------ writing
     def write(self, step: int, rank: int, world_size: int,
-              writer: Callable[[BinaryIO], None]) -> CheckpointRef:
-        """Write this rank's file for ``step`` with ``writer(fileobj)``; commit when all are there.
+              writer: Callable[[RankFile], None]) -> CheckpointRef:
+        """Write this rank's file for ``step`` with ``writer(rank_file)``; commit when all are there.
 
+        ``rank_file`` is file-like (``write``) and names the checkpoint's blob folder (`RankFile`).
         If ``writer`` raises, the partial file is removed and the exception propagates; nothing
         committed changes.  Returns the reference the checkpoint has (or will have once the last
         rank commits it).
@@ -132,8 +196,8 @@ class CheckpointStore:
         sleep_s = float(os.environ.get(SLEEP_HOOK_ENV, "0") or 0)
         try:
             with open(part, "wb") as raw:
-                hw = _HashingWriter(raw, sleep_s)
-                writer(hw)  # type: ignore[arg-type]
+                hw = RankFile(raw, sleep_s, staging / BLOB_DIR)
+                writer(hw)
                 raw.flush()
                 os.fsync(raw.fileno())
         except BaseException:
@@ -144,7 +208,7 @@ class CheckpointStore:
         os.replace(part, staging / name)
         side = staging / f"rank-{rank}.json"
         side_tmp = staging / f"rank-{rank}.json.part"
-        side_tmp.write_text(json.dumps({"bytes": hw.bytes, "sha256": hw.sha.hexdigest()}))
+        side_tmp.write_text(json.dumps({"bytes": hw.bytes, "sha256": hw.sha.hexdigest(), "blobs": hw.blobs}))
         with open(side_tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(side_tmp, side)
@@ -163,6 +227,7 @@ class CheckpointStore:
             return  # another rank is committing
         os.close(fd)
         files = {f"rank-{r}.pt": json.loads(sides[r].read_text()) for r in range(world_size)}
+        blobs = _settle_blobs(staging / BLOB_DIR, files)
         manifest = {
             "format": FORMAT_VERSION,
             "step": step,
@@ -170,6 +235,8 @@ class CheckpointStore:
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
             "files": files,
         }
+        if blobs:
+            manifest["blobs"] = blobs
         tmp = staging / "manifest.json.part"
         with open(tmp, "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
@@ -220,15 +287,11 @@ class CheckpointStore:
         if set(files) != expected:
             raise CheckpointError(f"{path}: manifest lists {sorted(files)}, expected {sorted(expected)}")
         for name, info in files.items():
-            fp = path / name
-            if not fp.exists():
-                raise CheckpointError(f"{path}: {name} is missing")
-            size = fp.stat().st_size
-            if size != info.get("bytes"):
-                raise CheckpointError(f"{path}: {name} has {size} bytes, manifest says {info.get('bytes')}")
-            if _sha256_file(fp) != info.get("sha256"):
-                raise CheckpointError(f"{path}: {name} does not match its sha256 (the file is corrupted)")
-        return CheckpointRef(path, int(manifest["step"]), world_size, manifest.get("created", ""), files)
+            _check_file(path, name, info.get("bytes"), info.get("sha256"))
+        blobs = manifest.get("blobs") or {}
+        for digest, info in blobs.items():  # a blob is named by its sha256
+            _check_file(path, f"{BLOB_DIR}/{digest}", info.get("bytes"), digest)
+        return CheckpointRef(path, int(manifest["step"]), world_size, manifest.get("created", ""), files, blobs)
 
     def latest(self) -> Optional[CheckpointRef]:
         """Newest checkpoint that verifies; damaged ones are skipped with a warning naming them."""
@@ -256,6 +319,19 @@ class CheckpointStore:
                 m = _STAGING.match(p.name)
                 if m and int(m.group(1)) <= newest:
                     shutil.rmtree(p, ignore_errors=True)
+
+    def discard_staging(self, after: int) -> None:
+        """Remove staging folders of steps above ``after`` (called when a job restores from ``after``).
+
+        They are left by an attempt that crashed while writing; the restored run will reach those
+        steps again and must not find that attempt's rank files or blob claims there.
+        """
+        if not self.root.is_dir():
+            return
+        for p in self.root.iterdir():
+            m = _STAGING.match(p.name)
+            if m and int(m.group(1)) > after:
+                shutil.rmtree(p, ignore_errors=True)
 
     def clear(self) -> None:
         """Remove every checkpoint and staging folder (the job succeeded)."""
