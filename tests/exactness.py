@@ -30,6 +30,15 @@ def stdout_lines(job: Job) -> list[str]:
             if e.type == EventType.LOG and e.data.get("stream") == "stdout"]
 
 
+def rank_lines(job: Job) -> dict[int, list[str]]:
+    """What each rank printed, in order (ranks' lines interleave differently from run to run)."""
+    out: dict[int, list[str]] = {}
+    for e in job.events(follow=False):
+        if e.type == EventType.LOG and e.data.get("stream") == "stdout":
+            out.setdefault(int(e.data.get("rank", 0)), []).append(e.data["line"])
+    return out
+
+
 def run_plain(client: Client, code: str, env: Optional[dict] = None, name: str = "plain") -> tuple[list[str], object]:
     job = client.submit(code, env=env, name=name)
     assert job.wait(180) == JobState.SUCCEEDED, job.info.error

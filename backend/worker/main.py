@@ -203,6 +203,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                              f"{world}; a job keeps its number of ranks for life\n")
             return 2
         if restore is None:
+            if world > 1 and rank == 0:
+                store.discard_staging(-1)  # a crashed attempt's parts must not join a new checkpoint
             load_inputs(spec.get("inputs_b64"), namespace)
         else:
             restore_path.append(str(restore.path))  # "resumed" is reported once it is in place
@@ -299,8 +301,9 @@ class CommitReporter:
                 return
             time.sleep(0.005)
         try:  # the job's size on disk, all ranks together (rank 0 measured only its own part)
-            files = json.loads(manifest.read_text()).get("files", {})
-            data = {**data, "bytes": sum(int(f.get("bytes", 0)) for f in files.values())}
+            listed = json.loads(manifest.read_text())
+            parts = [*listed.get("files", {}).values(), *listed.get("blobs", {}).values()]
+            data = {**data, "bytes": sum(int(f.get("bytes", 0)) for f in parts)}
         except (OSError, ValueError):
             pass
         self.send("checkpointed", data)

@@ -1,0 +1,105 @@
+"""Data-parallel jobs under the proxy: the same DDP script, unmodified, gives bitwise-identical
+losses and parameters whatever devices it ran on and however often it was resized, preempted,
+migrated or restarted after a rank died."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+
+import pytest
+
+from exactness import rank_lines, source, wait_for_lines
+from singularity_sdk import EventType, JobState
+from singularity_sdk.errors import Conflict, InvalidRequest
+
+STEPS = 50
+ENV = {"STEPS": str(STEPS)}
+LINES = 4 * (STEPS + 1)  # every rank prints a loss per step and its final parameter digest
+
+
+@pytest.fixture(scope="module")
+def reference(cluster):
+    """The never-interrupted run: W = 4 ranks, one device each (spread over both nodes)."""
+    with cluster.client() as client:
+        job = client.submit(source("ddp_train.py"), gpus=4, env=ENV, name="ddp-reference")
+        assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+        lines = rank_lines(job)
+        assert sorted(lines) == [0, 1, 2, 3] and all(len(v) == STEPS + 1 for v in lines.values())
+        assert len({v[-1].split()[-1] for v in lines.values()}) == 1  # the replicas agree
+        assert {p.node for p in job.info.placement} == {"node-1", "node-2"}
+        return lines, job.result()
+
+
+@pytest.mark.parametrize("gpus", [2, 1])
+def test_fewer_devices_than_ranks_is_exact(client, reference, gpus):
+    job = client.submit(source("ddp_train.py"), gpus=gpus, ranks=4, env=ENV, name=f"ddp-on-{gpus}")
+    assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+    assert sum(len(p.devices) for p in job.info.placement) == gpus
+    assert (rank_lines(job), job.result()) == reference
+
+
+def test_resize_4_2_1_4_at_random_moments_is_exact(client, reference):
+    stops = sorted(random.Random(int(os.environ.get("RESIZE_SEED", "5"))).sample(range(8, LINES - 60), 3))
+    job = client.submit(source("ddp_train.py"), gpus=4, env=ENV, name="ddp-resized")
+    for target, gpus in zip(stops, (2, 1, 4)):
+        wait_for_lines(job, target)
+        job.resize(gpus, timeout=120)
+        assert job.state == JobState.RUNNING
+        assert sum(len(p.devices) for p in job.info.placement) == gpus
+        assert job.info.ranks == 4
+    assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+    assert (rank_lines(job), job.result()) == reference
+    resized = [e.data for e in job.events(follow=False) if e.type == EventType.RESIZED]
+    assert [(d["from"], d["to"], d["splicing"]) for d in resized] == [(4, 2, 2), (2, 1, 4), (1, 4, 1)]
+    assert all(set(d["phases"]) == {"barrier", "checkpoint", "restart", "restore"} for d in resized)
+
+
+def test_preempted_while_spread_then_migrated_between_nodes_is_exact(client, reference):
+    job = client.submit(source("ddp_train.py"), gpus=4, env=ENV, name="ddp-moved")
+    wait_for_lines(job, 30)
+    assert {p.node for p in job.refresh().placement} == {"node-1", "node-2"}
+    job.preempt(timeout=120)
+    assert job.state == JobState.PREEMPTED
+    job.resume()
+    wait_for_lines(job, 90)
+    job.resize(2, timeout=120)  # two ranks per device, on one node
+    here = job.info.placement[0].node
+    assert [p.node for p in job.info.placement] == [here]
+    wait_for_lines(job, 130)
+    there = "node-2" if here == "node-1" else "node-1"
+    job.migrate(there, timeout=120)
+    assert [p.node for p in job.info.placement] == [there]
+    assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+    assert (rank_lines(job), job.result()) == reference
+
+
+def test_a_killed_rank_restarts_the_job_from_its_consistent_checkpoint(client, reference):
+    job = client.submit(source("ddp_train.py"), gpus=4, env=ENV, name="ddp-rank-killed", checkpoint_every=0.3)
+    for ev in job.events():
+        if ev.type == EventType.CHECKPOINTED and ev.data.get("step", 0) > 5:
+            break
+    pids = {r: p for e in job.events(follow=False) if e.type == EventType.STARTED for r, p in e.data["pids"].items()}
+    os.kill(int(pids["2"]), signal.SIGKILL)  # each node reports the ranks it started
+    assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+    retry = next(e.data for e in job.events(follow=False) if e.type == EventType.RETRYING)
+    assert retry["from_step"] > 5
+    assert (rank_lines(job), job.result()) == reference
+
+
+def test_resize_errors_say_what_is_possible(client):
+    job = client.submit(source("ddp_train.py"), gpus=4, env={"STEPS": "400"}, name="ddp-errors")
+    with pytest.raises(InvalidRequest, match="can run on 1, 2, 4 device"):
+        job.resize(3)
+    wait_for_lines(job, 4)
+    with pytest.raises(Conflict, match="already runs on 4"):
+        job.resize(4)
+    job.cancel()
+    single = client.submit("import time\nfor i in range(200):\n    time.sleep(0.05)\n", name="one-rank")
+    with pytest.raises(InvalidRequest, match="--ranks"):
+        single.resize(2)
+    single.cancel()
+    waiting = client.submit("1", gpus=4, ranks=4, name="queued-resize")
+    waiting.resize(2, wait=False)
+    assert waiting.wait(120) == JobState.SUCCEEDED
+    assert waiting.info.gpus == 2
