@@ -1,11 +1,13 @@
-"""``singularityctl demo``: a local cluster, a real training job preempted, resumed and
-migrated while it runs, and its loss curve beside an uninterrupted run's: identical."""
+"""``singularityctl demo``: a local cluster; a real training job preempted, resumed and
+migrated while it runs, then a 4-rank data-parallel job resized 4 -> 2 -> 1 -> 4 devices; each
+loss curve beside an uninterrupted run's: identical."""
 from __future__ import annotations
 
 import re
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from .client import Client, Job
 from .local import LocalCluster
@@ -63,11 +65,8 @@ def run_demo(nodes: int = 2, devices_per_node: int = 2) -> int:
 
 def _scenario(client: Client, script: Path) -> int:
     print(f"\n2. the reference: {script.name} run straight through")
-    reference = client.submit(script, name="mlp-reference")
-    for ev in reference.events():
-        show(ev)
-    if reference.wait() != JobState.SUCCEEDED:
-        print(f"reference run failed:\n{reference.info.error}", file=sys.stderr)
+    reference = _run_through(client, script, "mlp-reference")
+    if reference is None:
         return 1
 
     print("\n3. the same script again; preempted, resumed, then migrated while it trains")
@@ -86,33 +85,63 @@ def _scenario(client: Client, script: Path) -> int:
     if there:
         print(f"   -> migrate {here} -> {there}")
         job.migrate(there, reason="demo: moving to another node")
+    if not _finish(job, since):
+        return 1
+    same = compare(reference, job, "preempted+migrated")
+    kinds = [e.type for e in job.events(follow=False)]
+    print(f"   preemptions {kinds.count(EventType.PREEMPTED)}, resumes {kinds.count(EventType.RESUMED)}, "
+          f"migrations {kinds.count(EventType.MIGRATED)}; result {job.result()}")
+    return 0 if same and _data_parallel(client) else 1
+
+
+def _data_parallel(client: Client) -> bool:
+    """Section 4: a 4-rank DDP job resized while it trains, against one that never was."""
+    script = find_example("ddp_train.py")
+    print(f"\n4. data parallel: {script.name}, 4 ranks (DDP over gloo), first straight through on 4 devices")
+    reference = _run_through(client, script, "ddp-reference", gpus=4)
+    if reference is None:
+        return False
+    print("   again, resized 4 -> 2 -> 1 -> 4 devices while it trains (2 and 4 ranks share a device)")
+    job = client.submit(script, name="ddp-resized", gpus=4)
+    since = 0
+    for gpus in (2, 1, 4):
+        since = follow_until(job, since, 15)
+        print(f"   -> resize to {gpus} device(s)")
+        job.resize(gpus, reason="demo")
+    if not _finish(job, since):
+        return False
+    return compare(reference, job, "resized 4-2-1-4")
+
+
+def _run_through(client: Client, script: Path, name: str, gpus: int = 1) -> Optional[Job]:
+    job = client.submit(script, name=name, gpus=gpus)
+    for ev in job.events():
+        show(ev)
+    if job.wait() != JobState.SUCCEEDED:
+        print(f"{name} failed:\n{job.info.error}", file=sys.stderr)
+        return None
+    return job
+
+
+def _finish(job: Job, since: int) -> bool:
     for ev in job.events(since=since):
         show(ev)
     if job.wait() != JobState.SUCCEEDED:
         print(f"job failed:\n{job.info.error}", file=sys.stderr)
-        return 1
+        return False
+    return True
 
+
+def compare(reference: Job, job: Job, label: str) -> bool:
+    """Print both loss curves side by side (a sample of steps) and whether they are identical."""
     a, b = losses(reference), losses(job)
-    print("\n4. loss curves side by side")
-    print(f"   {'step':>4}  {'uninterrupted':>13}  {'preempted+migrated':>18}")
-    marks = {20, 40}
-    for (sa, la), (sb, lb) in zip(a, b):
-        if sa < 3 or sa % 10 == 0 or sa in marks or sa >= len(a) - 2:
+    print(f"\n   {'step':>4}  {'uninterrupted':>13}  {label:>18}")
+    for (sa, la), (_sb, lb) in zip(a, b):
+        if sa < 2 or sa % 15 == 0 or sa >= len(a) - 1:
             print(f"   {sa:>4}  {la:>13}  {lb:>18}  {'same' if la == lb else 'DIFFERENT'}")
-    same = a == b
-    events = list(job.events(follow=False))
-    kinds = [e.type for e in events]
-    print("\nsummary")
-    print(f"   steps compared     {len(a)}; identical: {'yes' if same else 'NO'}")
-    print(f"   preemptions        {kinds.count(EventType.PREEMPTED)}, resumes {kinds.count(EventType.RESUMED)}, "
-          f"migrations {kinds.count(EventType.MIGRATED)}")
-    ck = [e for e in events if e.type == EventType.CHECKPOINTED]
+    same = a == b and len(a) > 0
+    print(f"   steps compared {len(a)}; identical: {'yes' if same else 'NO'}")
+    ck = [e for e in job.events(follow=False) if e.type == EventType.CHECKPOINTED]
     if ck:
-        print(f"   checkpoints        {len(ck)}, {ck[-1].data.get('bytes', 0) / 1e3:.1f} KB each, "
-              f"written in {1e3 * max(e.data.get('seconds', 0) for e in ck):.1f} ms at most")
-    moved = [e for e in events if e.type == EventType.MIGRATED]
-    if moved:
-        print(f"   migration          {moved[-1].data['from']} -> {moved[-1].data['to']} "
-              f"in {moved[-1].data['seconds']:.2f} s")
-    print(f"   result             {job.result()}")
-    return 0 if same else 1
+        print(f"   checkpoints {len(ck)}, {ck[-1].data.get('bytes', 0) / 1e3:.1f} KB each")
+    return same

@@ -128,7 +128,7 @@ class RoundState:
             if sizes is None:
                 floor = min_devices(sla, v.gpus, cfg)
                 sizes = mins[(v.sla, sla, v.gpus)] = (floor, min(floor, min_devices(v.sla, v.gpus, cfg)))
-            min_p, start_min = sizes
+            min_p, start_min = sizes if v.elastic else (v.gpus, v.gpus)
             # placements are replaced, never mutated, so the view's dict can be shared
             placement = {} if waiting else v.placement
             held = 0

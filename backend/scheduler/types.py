@@ -30,12 +30,15 @@ class JobView:
     user: str
     sla: SLA
     state: JobState
-    gpus: int  # logical world size W
+    gpus: int  # devices requested; the sizes it may run at are divisors of it
     submitted_at: float
     #: node -> device indices currently held (empty when not placed)
     placement: dict[str, tuple[int, ...]] = field(default_factory=dict)
     last_checkpoint_at: Optional[float] = None
     last_moved_at: Optional[float] = None
+    #: whether it may run on fewer devices than ``gpus`` (a divisor of it); jobs whose ranks
+    #: each use several devices, or that have one rank, run at full size only
+    elastic: bool = True
 
     @property
     def placed_devices(self) -> int:

@@ -117,8 +117,8 @@ class AgentSide:
                 detail = json.loads(row["stop_detail_json"] or "{}")
                 updates: dict[str, Any] = {"state": JobState.RUNNING.value, "stop_reason": None,
                                            "stop_detail_json": None}
-                if row["stop_reason"] == "resize":
-                    updates["gpus"] = detail.get("from", row["gpus"])
+                if "request_was" in detail:
+                    updates["gpus"] = detail["request_was"]
                 self.store.update_job(ae.job_id, **updates)
         elif ae.type == EventType.RESUMED:
             emit(ae.type, {**ae.data, "node": node, "attempt": ae.attempt,

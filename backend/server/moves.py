@@ -105,7 +105,12 @@ class Moves:
         now_on = sum(len(p.devices) for p in info.placement) if info.state.holds_devices else info.gpus
         detail = {"from": now_on, "to": gpus, "splicing": info.ranks // gpus if gpus < info.ranks else 1,
                   "reason": reason or f"requested by {by or user}", "by": by or user, "requested_at": time.time()}
-        if info.state in (JobState.QUEUED, JobState.PREEMPTED):
+        # A user's resize changes what the job asks for; the scheduler's (shrink, grow back) only
+        # where it runs for now, so the job grows back to its request when devices free up.
+        by_user = placement is None
+        if by_user:
+            detail["request_was"] = info.gpus
+        if info.state in (JobState.QUEUED, JobState.PREEMPTED) and by_user:
             with self.store.tx():
                 self.store.update_job(job_id, gpus=gpus)
                 ev = self._emit(job_id, EventType.RESIZED, {**detail, "seconds": 0.0, "queued": True})
@@ -121,7 +126,8 @@ class Moves:
                                     f"free some devices or try a smaller size", "gpus")
         detail.update(since_seq=info.last_seq, placement={n: list(d) for n, d in (placement or {}).items()})
         with self.store.tx():
-            self.store.update_job(job_id, state=JobState.RESIZING.value, stop_reason="resize", gpus=gpus,
+            self.store.update_job(job_id, state=JobState.RESIZING.value, stop_reason="resize",
+                                  gpus=gpus if by_user else info.gpus,
                                   stop_detail_json=json.dumps(detail), migration_json=json.dumps(detail),
                                   moved_at=time.time())
             ev = self._emit(job_id, EventType.RESIZING, {k: v for k, v in detail.items() if k != "since_seq"})
@@ -134,18 +140,19 @@ class Moves:
         row = self.store.job_row(job_id)
         own = {p["node"]: tuple(p["devices"]) for p in json.loads(row["placement_json"])}  # still "held" by it
         wanted = {n: tuple(d) for n, d in (detail.get("placement") or {}).items()}
-        target = wanted if wanted and self._is_free(wanted, own) else self._find_room(row["gpus"], also=own)
-        if target is None:  # someone took the room meanwhile: wait in the queue at the new size
+        size = int(detail.get("to", row["gpus"]))
+        target = wanted if wanted and self._is_free(wanted, own) else self._find_room(size, also=own)
+        if target is None:  # someone took the room meanwhile: wait in the queue
             with self.store.tx():
                 self.store.update_job(job_id, state=JobState.QUEUED.value)
                 ev = self._emit(job_id, EventType.PREEMPTED,
-                                {"reason": f"no room for {row['gpus']} device(s) after the resize; waiting",
+                                {"reason": f"no room for {size} device(s) after the resize; waiting",
                                  "by": "scheduler"})
             self._publish(row["user"], [ev])
             self._schedule_hook()
             return
         where = ", ".join(f"{n} {list(d)}" for n, d in target.items())
-        self._start_attempt(row, target, f"resize to {row['gpus']} device(s): {where}", JobState.RESIZING)
+        self._start_attempt(row, target, f"resize to {size} device(s): {where}", JobState.RESIZING)
 
     def _is_free(self, placement: dict[str, tuple[int, ...]], also: dict[str, tuple[int, ...]]) -> bool:
         """Whether every device of ``placement`` is free now, counting ``also`` as free."""

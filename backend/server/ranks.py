@@ -23,6 +23,12 @@ def choices(world: int, limit: int) -> list[int]:
     return [p for p in range(1, min(world, limit) + 1) if world % p == 0]
 
 
+def elastic(world: int, gpus: int) -> bool:
+    """Whether the scheduler may run the job on fewer devices than it asked for: every divisor
+    of its request must be a size its ranks fit (one device per rank at most)."""
+    return world > 1 and world >= gpus and world % gpus == 0
+
+
 def assign(world: int, flat: Sequence[Device]) -> list[list[Device]]:
     """Devices of each rank, taking ``flat`` (the placement's devices, node by node) in order."""
     p = len(flat)

@@ -44,7 +44,8 @@ class Scheduling:
             placement = {p["node"]: tuple(p["devices"]) for p in json.loads(row["placement_json"])}
             jobs.append(
                 JobView(id=row["id"], user=row["user"], sla=row["sla"], state=JobState(row["state"]),
-                        gpus=row["gpus"], submitted_at=row["created_at"], last_moved_at=row["moved_at"],
+                        gpus=row["gpus"], elastic=ranks.elastic(row["ranks"], row["gpus"]),
+                        submitted_at=row["created_at"], last_moved_at=row["moved_at"],
                         last_checkpoint_at=json.loads(row["last_checkpoint_json"] or "{}").get("time"),
                         placement=placement if JobState(row["state"]).holds_devices else {})
             )
@@ -74,8 +75,10 @@ class Scheduling:
                 elif isinstance(action, Migrate) and not moving:
                     info = self.store.job_info(action.job_id)
                     self.migrate(info.user, info.id, next(iter(action.placement)), action.reason, by="scheduler")
-                elif isinstance(action, Resize):
-                    log.info("policy asked to resize %s; elastic resize is not available yet", action.job_id)
+                elif isinstance(action, Resize) and not moving:
+                    info = self.store.job_info(action.job_id)
+                    size = sum(len(d) for d in action.placement.values())
+                    self.resize(info.user, info.id, size, action.reason, by="scheduler", placement=action.placement)
             except ServiceError as exc:  # the world moved since the snapshot (a job ended meanwhile)
                 log.info("skipped %s for %s: %s", type(action).__name__, action.job_id, exc.message)
         return actions
@@ -131,8 +134,7 @@ class Scheduling:
 
 
 def make_policy(config: ServiceConfig) -> Policy:
-    """The live policy. Jobs are not shrunk (every tier's minimum is its full size) until
-    elastic resize lands: capacity is taken back by preemption and migration only."""
+    """The live policy: the same code the simulator runs, with this service's move timings."""
     if config.policy == "fifo":
         return fifo_policy
     if config.policy != "singularity":
@@ -140,8 +142,7 @@ def make_policy(config: ServiceConfig) -> Policy:
     from backend.scheduler.singularity import SingularityPolicy
     from backend.scheduler.tiers import PolicyConfig
 
-    return SingularityPolicy(PolicyConfig(standard_min_fraction=1.0, basic_min_fraction=1.0,
-                                          min_move_interval_s=config.min_move_interval_s,
+    return SingularityPolicy(PolicyConfig(min_move_interval_s=config.min_move_interval_s,
                                           overhead_s=config.move_cost_s))
 
 

@@ -46,3 +46,44 @@ def test_cuda_tensors_checkpoint_and_resume_exactly(tmp_path):
     assert second.returncode == 0, second.stderr
     assert first.stdout + second.stdout == plain
     assert "cuda" in plain
+
+
+NCCL_DDP = '''
+import hashlib, torch, torch.distributed as dist, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+torch.cuda.set_device(0)  # every rank sees its own device as cuda:0
+torch.manual_seed(0)
+model = nn.Linear(64, 8).cuda()
+ddp = DDP(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+g = torch.Generator(device="cuda").manual_seed(rank)
+for step in range(30):
+    loss = ddp(torch.randn(32, 64, device="cuda", generator=g)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(step, repr(loss.item()), flush=True)
+digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()
+dist.destroy_process_group()
+digest
+'''
+
+
+@needs_gpu
+def test_nccl_ddp_two_ranks_spliced_on_one_gpu_resizes_exactly(tmp_path):
+    """W = 2 NCCL ranks on one GPU (S = 2) against the same job moved to 1 -> 1 device through a
+    preemption: identical losses and parameters (the only GPU path this suite can run on one GPU)."""
+    from exactness import rank_lines, wait_for_lines
+    from singularity_sdk import JobState, LocalCluster
+
+    with LocalCluster(nodes=1, home=tmp_path / "h") as cluster, cluster.client() as client:
+        plain = client.submit(NCCL_DDP, gpus=1, ranks=2, name="nccl-plain")
+        assert plain.wait(300) == JobState.SUCCEEDED, plain.info.error
+        moved = client.submit(NCCL_DDP, gpus=1, ranks=2, name="nccl-preempted")
+        wait_for_lines(moved, 20)
+        moved.preempt(timeout=120)
+        moved.resume()
+        assert moved.wait(300) == JobState.SUCCEEDED, moved.info.error
+        assert (rank_lines(moved), moved.result()) == (rank_lines(plain), plain.result())
