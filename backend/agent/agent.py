@@ -38,10 +38,12 @@ from singularity_sdk.protocol import (
 )
 
 from .outbox import Outbox
+from .spawner import Spawner
 from .transfer import CheckpointTransfer
 from .workers import JobRun
 
 log = logging.getLogger("singularity.agent")
+WARM_ENV = "SINGULARITY_WARM_WORKERS"
 
 
 class Agent:
@@ -58,6 +60,8 @@ class Agent:
         self.orphan_timeout = orphan_timeout
         self.transfer = CheckpointTransfer(store, checkpoint_root) if store else None
         self.instance = uuid.uuid4().hex
+        #: forks workers from a process that already imported torch (SINGULARITY_WARM_WORKERS=0: off)
+        self.spawner: Optional[Spawner] = Spawner() if os.environ.get(WARM_ENV, "1") != "0" else None
         self.outbox = Outbox()
         self.runs: dict[str, JobRun] = {}
         self.heartbeat_s = 1.0
@@ -85,6 +89,12 @@ class Agent:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        if self.spawner is not None:
+            try:
+                await self.spawner.start()  # warms up in the background; workers start cold until then
+            except OSError as exc:
+                log.warning("no warm worker spawner (%s); every worker starts a fresh interpreter", exc)
+                self.spawner = None
         backoff = 0.1
         stopper = asyncio.create_task(self._stop.wait())
         while not self._stop.is_set():
@@ -178,7 +188,7 @@ class Agent:
             await old.stop("superseded by a newer attempt", 1.0)
         run_dir = self.home / "jobs" / f"{spec.job_id}-a{spec.attempt}"
         run = JobRun(spec, run_dir, self.devices, self.threads_per_slot, self.checkpoint_root, emit=None,  # type: ignore[arg-type]
-                     on_checkpoint=self._store_checkpoint if self.transfer else None)
+                     on_checkpoint=self._store_checkpoint if self.transfer else None, spawner=self.spawner)
         run.emit = self.emit_for(run)
         self.runs[spec.job_id] = run
         try:
@@ -222,6 +232,8 @@ class Agent:
         if self._ws is not None and len(self.outbox):
             self._wake.set()
             await asyncio.sleep(0.2)
+        if self.spawner is not None:
+            await self.spawner.close()
         log.info("agent %s stopped", self.name)
 
 

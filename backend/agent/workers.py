@@ -1,7 +1,8 @@
 """Worker processes of one job attempt on one node: start, stream output, stop, report exit.
 
-Each rank is a fresh ``python -m backend.worker`` in its own process group (so DataLoader
-workers and other children die with it), with the devices and thread count it was given.
+Each rank is a ``python -m backend.worker`` (forked from the node's warm spawner when it is
+ready, else a fresh interpreter) in its own session (so DataLoader workers and other children
+die with it), with the devices and thread count it was given.
 Output is read line by line and handed to ``emit`` as it appears. A second pipe carries the
 worker's structured messages (progress, checkpoint results) without mixing them into the
 user's output; the worker's stdin carries the agent's requests (checkpoint now).
@@ -21,6 +22,8 @@ from typing import Any, Awaitable, Callable, Optional
 from backend.proxy.store import CheckpointStore
 from singularity_sdk.protocol import EXIT_PREEMPTED, DeviceInfo, EventType, StartJob
 
+from .spawner import Spawner
+
 Emit = Callable[[EventType, dict[str, Any]], None]
 #: Runs on each committed checkpoint before it is reported (uploads it where nodes share no disk);
 #: returns extra event data, or raises to turn the report into checkpoint_failed.
@@ -31,7 +34,7 @@ LINE_LIMIT = 1 << 20
 @dataclass
 class RankProcess:
     rank: int
-    proc: asyncio.subprocess.Process
+    proc: Any  # asyncio.subprocess.Process, or a spawner.WarmProcess with the same face
     control_reader: asyncio.StreamReader
     readers: list[asyncio.Task] = field(default_factory=list)
 
@@ -40,7 +43,8 @@ class JobRun:
     """The ranks of one (job, attempt) placed on this node."""
 
     def __init__(self, spec: StartJob, run_dir: Path, devices: list[DeviceInfo], threads_per_slot: int,
-                 checkpoint_root: Path, emit: Emit, on_checkpoint: Optional[OnCheckpoint] = None):
+                 checkpoint_root: Path, emit: Emit, on_checkpoint: Optional[OnCheckpoint] = None,
+                 spawner: Optional[Spawner] = None):
         self.spec = spec
         self.run_dir = run_dir
         self.devices = {d.index: d for d in devices}
@@ -48,6 +52,7 @@ class JobRun:
         self.checkpoint_root = checkpoint_root
         self.emit = emit
         self.on_checkpoint = on_checkpoint
+        self.spawner = spawner
         self.ranks: dict[int, RankProcess] = {}
         self.exit_codes: dict[int, int] = {}
         self.stopping: Optional[str] = None
@@ -99,11 +104,16 @@ class JobRun:
             r_fd, w_fd = os.pipe()
             env = self._env(rs)
             env["SINGULARITY_CONTROL_FD"] = str(w_fd)
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "backend.worker", str(spec_path), str(rank_dir),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env=env, cwd=str(rank_dir), pass_fds=(w_fd,), start_new_session=True, limit=LINE_LIMIT,
-            )
+            argv = [str(spec_path), str(rank_dir)]
+            proc: Any = None
+            if self.spawner is not None:
+                proc = await self.spawner.spawn(argv, env, str(rank_dir), w_fd, LINE_LIMIT)
+            if proc is None:  # no warm spawner (yet): a fresh interpreter
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "backend.worker", *argv,
+                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                    env=env, cwd=str(rank_dir), pass_fds=(w_fd,), start_new_session=True, limit=LINE_LIMIT,
+                )
             os.close(w_fd)
             control = asyncio.StreamReader(limit=LINE_LIMIT)
             loop = asyncio.get_running_loop()

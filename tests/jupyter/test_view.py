@@ -84,7 +84,7 @@ def test_view_follows_the_story():
     assert shown == {t for t, _ in STORY} - QUIET
     texts = "\n".join(e.text for e in view.timeline)
     for needle in ("checkpointed at step 30: 2.5 MB", "preempted at step 31", "migrated node-1 -> node-2",
-                   "resized 1 -> 2 devices, splicing factor 2", "node node-1 lost", "retrying as attempt 3"):
+                   "resized 1 -> 2 devices (2 rank(s) per device)", "node node-1 lost", "retrying as attempt 3"):
         assert needle in texts
     assert not view.apply(evs)  # duplicates (a reconnect's replay) change nothing
 

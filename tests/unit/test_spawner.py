@@ -1,0 +1,64 @@
+"""The warm spawner: forked workers must behave like fresh interpreters (own session, working
+directory, environment, thread count, RNG seeds, exit codes) and see nothing of the zygote."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from backend.agent.spawner import Spawner
+
+PROBE = r'''
+import json, os, sys, numpy, torch
+fds = []
+for f in os.listdir("/proc/self/fd"):
+    try:
+        fds.append(os.readlink("/proc/self/fd/" + f))
+    except OSError:  # the directory handle listdir itself used
+        pass
+print(json.dumps({"cwd": os.getcwd(), "path0": sys.path[0], "env": os.environ.get("PROBE"),
+                  "sid": os.getsid(0) == os.getpid(), "threads": torch.get_num_threads(),
+                  "np": numpy.random.rand(), "fds": fds}), flush=True)
+if os.environ.get("PROBE") == "die":
+    os.kill(os.getpid(), 9)
+'''
+
+
+async def _run(spawner: Spawner, tmp: Path, name: str, env_extra: dict[str, str]) -> tuple[dict, int]:
+    rank_dir = tmp / name
+    rank_dir.mkdir()
+    spec = rank_dir / "spec.json"
+    spec.write_text(json.dumps({"source": PROBE, "filename": "<probe>"}))
+    r, w = os.pipe()
+    env = {**os.environ, "OMP_NUM_THREADS": "2", **env_extra}
+    proc = await spawner.spawn([str(spec), str(rank_dir)], env, str(rank_dir), w, 1 << 20)
+    os.close(w)
+    os.close(r)
+    assert proc is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    return json.loads(line), await asyncio.wait_for(proc.wait(), 30)
+
+
+def test_forked_workers_look_fresh_and_report_exit_codes(tmp_path):
+    async def main() -> None:
+        spawner = Spawner()
+        await spawner.start()
+        for _ in range(600):
+            if spawner.ready:
+                break
+            await asyncio.sleep(0.05)
+        assert spawner.ready, "the zygote did not come up"
+        (a, rc_a), (b, rc_b) = [await _run(spawner, tmp_path, n, {"PROBE": n}) for n in ("a", "b")]
+        dead, rc_dead = await _run(spawner, tmp_path, "die", {"PROBE": "die"})
+        await spawner.close()
+        assert (rc_a, rc_b, rc_dead) == (0, 0, -signal.SIGKILL)
+        assert a["cwd"] == a["path0"] == str(tmp_path / "a") and a["env"] == "a"
+        assert a["sid"] and a["threads"] == 2
+        assert a["np"] != b["np"], "numpy's global RNG must be seeded again in each child"
+        assert not [f for f in a["fds"] if f.startswith("socket:")], f"the zygote's socket leaked: {a['fds']}"
+
+    asyncio.run(main())
