@@ -47,9 +47,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not path.is_file():
             raise SingularityError(f"no such file: {args.file}")
         source, filename = path.read_text(), path.name
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SingularityError(f"--env takes KEY=VALUE, not {item!r}")
+        env[key] = value
     with _client(args) as c:
         job = c.submit(source, gpus=args.gpus, sla=args.sla, name=args.name or Path(filename).stem,
-                       ranks=args.ranks, checkpoint_every=args.checkpoint_every, filename=filename)
+                       ranks=args.ranks, checkpoint_every=args.checkpoint_every, filename=filename, env=env)
         if args.wait:
             for ev in job.events():
                 if not args.json:
@@ -167,7 +173,7 @@ def _last_event(job: Job, etype: EventType):
 def cmd_migrate(args: argparse.Namespace) -> int:
     with _client(args) as c:
         job = c.get(args.job).migrate(args.to, args.reason or "", wait=not args.no_wait)
-    last = _last_event(job, EventType.MIGRATED)
+        last = _last_event(job, EventType.MIGRATED)
     print(f"{job.id}: {job.state.value}" + (f" ({describe(last)})" if last and not args.no_wait else ""))
     return 0
 
@@ -175,7 +181,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_resize(args: argparse.Namespace) -> int:
     with _client(args) as c:
         job = c.get(args.job).resize(args.gpus, args.reason or "", wait=not args.no_wait)
-    last = _last_event(job, EventType.RESIZED)
+        last = _last_event(job, EventType.RESIZED)
     print(f"{job.id}: {job.state.value}" + (f" ({describe(last)})" if last and not args.no_wait else ""))
     return 0
 
@@ -265,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sla", choices=SLA_CHOICES, default="standard")
     s.add_argument("--name", default=None)
     s.add_argument("--checkpoint-every", type=float, default=None, metavar="SECONDS")
+    s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable for the job's processes (repeatable)")
     s.add_argument("--wait", action="store_true", help="stream the job's output and wait for it to end")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_submit)

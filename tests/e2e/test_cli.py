@@ -5,6 +5,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 
 
@@ -68,3 +70,20 @@ def test_no_server_configured(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "singularity_sdk.cli", "jobs"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and "singularityctl serve" in proc.stderr
+
+
+def test_resize_a_two_rank_job_from_the_shell(cluster, tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text((Path(__file__).parent / "programs" / "ddp_train.py").read_text())
+    job_id = ctl(cluster, "submit", str(script), "--gpus", "2", "--ranks", "2", "--env", "STEPS=200").stdout.strip()
+    bad = ctl(cluster, "resize", job_id, "--gpus", "3", check=False)
+    assert bad.returncode != 0 and "1, 2 device(s), not 3" in bad.stderr
+    deadline = time.monotonic() + 120
+    while "step 3 loss" not in ctl(cluster, "logs", job_id).stdout:  # until it trains
+        assert time.monotonic() < deadline, "the job never started training"
+        time.sleep(0.3)
+    done = ctl(cluster, "resize", job_id, "--gpus", "1").stdout
+    assert f"{job_id}: running (resized 2 -> 1 devices (2 rank(s) per device)" in done
+    ctl(cluster, "cancel", job_id)
+    logs = ctl(cluster, "logs", job_id).stdout
+    assert logs.startswith("[rank ") and "[rank 1] step 0 loss" in logs

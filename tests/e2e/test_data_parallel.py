@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 
 import pytest
 
@@ -82,12 +83,36 @@ def test_a_killed_rank_restarts_the_job_from_its_consistent_checkpoint(client, r
     pids = {r: p for e in job.events(follow=False) if e.type == EventType.STARTED for r, p in e.data["pids"].items()}
     os.kill(int(pids["2"]), signal.SIGKILL)  # each node reports the ranks it started
     assert job.wait(180) == JobState.SUCCEEDED, job.info.error
-    events = list(job.events(follow=False))
-    retry = next(e.data for e in events if e.type == EventType.RETRYING)
+    retry = next(e.data for e in job.events(follow=False) if e.type == EventType.RETRYING)
     assert retry["from_step"] > 5
+    _exact_since_restore(job, reference)
+
+
+def test_a_rank_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(client, reference):
+    env = {**ENV, "SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE": "1.0"}
+    job = client.submit(source("ddp_train.py"), gpus=4, env=env, name="ddp-killed-mid-write")
+    wait_for_lines(job, 20)
+    job.checkpoint(timeout=60)  # a good one (slow, because of the hook)
+    pids = {r: p for e in job.events(follow=False) if e.type == EventType.STARTED for r, p in e.data["pids"].items()}
+    since = job.refresh().info.last_seq
+    job._action("checkpoint")
+    for ev in job.events(since=since):
+        if ev.type == EventType.CHECKPOINT_STARTED:
+            break
+    time.sleep(0.4)
+    os.kill(int(pids["2"]), signal.SIGKILL)  # the others finish their parts; the set never completes
+    assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+    checkpoints = [e.data["step"] for e in job.events(follow=False) if e.type == EventType.CHECKPOINTED]
+    retry = next(e.data for e in job.events(follow=False) if e.type == EventType.RETRYING)
+    assert retry["from_step"] == checkpoints[0]  # the torn one was never reported
+    _exact_since_restore(job, reference)
+
+
+def _exact_since_restore(job, reference) -> None:
+    """Steps between the restored checkpoint and the crash run (and print) again in the retry;
+    from the restore on, every rank's output is the uninterrupted run's, and so is the result."""
     assert job.result() == reference[1]
-    # Steps between the newest checkpoint and the crash run (and print) again in the retry; from
-    # the restore on, every rank's output is the uninterrupted run's.
+    events = list(job.events(follow=False))
     resumed = max(e.seq for e in events if e.type == EventType.RESUMED)
     for rank, expected in reference[0].items():
         after = [e.data["line"] for e in events if e.seq > resumed and e.type == EventType.LOG
