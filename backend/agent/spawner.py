@@ -119,6 +119,8 @@ def serve(fd: int) -> None:
             pass
     import select
 
+    from backend.proxy.launch import report_exits
+
     sock = socket.socket(fileno=fd)
 
     def say(msg: dict[str, Any]) -> None:
@@ -139,13 +141,7 @@ def serve(fd: int) -> None:
                 os.close(f)
             running[pid] = request["id"]
             say({"id": request["id"], "pid": pid})
-        while running:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            rid = running.pop(pid, None)
-            if rid is not None:
-                say({"id": rid, "rc": os.waitstatus_to_exitcode(status)})
+        report_exits(running, say)
 
 
 # ---------------------------------------------------------------------------- the agent side

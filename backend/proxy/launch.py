@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .placement import PLACEMENT_ENV, Placement
 
@@ -124,14 +124,19 @@ def serve() -> None:
             running[pid] = req["id"]
             out.write(json.dumps({"id": req["id"], "pid": pid}) + "\n")
             out.flush()
-        while running:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            rid = running.pop(pid, None)
-            if rid is not None:
-                out.write(json.dumps({"id": rid, "rc": os.waitstatus_to_exitcode(status)}) + "\n")
-                out.flush()
+        report_exits(running, lambda msg: (out.write(json.dumps(msg) + "\n"), out.flush()))
+
+
+def report_exits(running: dict[int, str], say: Callable[[dict], object]) -> None:
+    """Reap the children of a fork server that have exited: ``say({"id", "rc"})`` for each
+    (``rc`` as ``Popen.returncode``: negative for a signal), without blocking."""
+    while running:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        rid = running.pop(pid, None)
+        if rid is not None:
+            say({"id": rid, "rc": os.waitstatus_to_exitcode(status)})
 
 
 class WarmServer:
