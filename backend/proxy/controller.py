@@ -27,6 +27,9 @@ class _Request:
     then: str
     reason: str
     requested_at: float
+    #: the checkpoint's number when the ranks of a job agreed on one (their own safe-point
+    #: counts may differ: a loop only rank 0 runs); None = this rank's step
+    label: Optional[int] = None
 
 
 def _merge(a: Optional[_Request], b: _Request) -> _Request:

@@ -318,9 +318,10 @@ class Runtime:
         ctl = self.ctl
         started = time.monotonic()
         wait_s = max(0.0, started - request.requested_at)
-        ctl._emit("checkpoint_started", {"step": self.step, "reason": request.reason, "then": request.then})
+        label = self.step if request.label is None else request.label
+        ctl._emit("checkpoint_started", {"step": label, "reason": request.reason, "then": request.then})
         try:
-            ref, nbytes, rebuilt = write_checkpoint(self, boundary)
+            ref, nbytes, rebuilt = write_checkpoint(self, boundary, label)
         except CheckpointFailure as e:
             ctl._emit("checkpoint_failed", {"error": str(e), "variables": e.variables})
             return
@@ -328,7 +329,7 @@ class Runtime:
             ctl._emit("checkpoint_failed", {"error": f"{type(e).__name__}: {e}", "variables": []})
             return
         ctl._checkpoint_written()
-        ctl._emit("checkpointed", {"step": self.step, "bytes": nbytes, "seconds": time.monotonic() - started,
+        ctl._emit("checkpointed", {"step": label, "bytes": nbytes, "seconds": time.monotonic() - started,
                                    "wait_s": wait_s, "path": str(ref.path), "rebuilt": rebuilt})
         if request.then == "stop":
             self.preempting = True

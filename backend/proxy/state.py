@@ -325,8 +325,10 @@ def _diagnose(namespace: dict, saved_locals: Optional[dict],
     return bad
 
 
-def write_checkpoint(rt: "Runtime", boundary: Optional[int]) -> tuple["CheckpointRef", int, list[str]]:
-    """Write this rank's part of a checkpoint at the current safe point.
+def write_checkpoint(rt: "Runtime", boundary: Optional[int],
+                     label: Optional[int] = None) -> tuple["CheckpointRef", int, list[str]]:
+    """Write this rank's part of a checkpoint at the current safe point, as checkpoint number
+    ``label`` (default: this rank's step; the ranks of a job pass the number they agreed on).
 
     Returns (reference, bytes written, names that the restore will rebuild).  Raises
     `CheckpointFailure` (program state untouched) when something cannot be saved.
@@ -334,12 +336,12 @@ def write_checkpoint(rt: "Runtime", boundary: Optional[int]) -> tuple["Checkpoin
     globals_ = rt.fn_globals if rt.fn_globals is not None else rt.ns
     token = _SAVE_NS.set((globals_, globals_ is rt.ns))  # probes and the save pickle alike
     try:
-        return _write_checkpoint(rt, boundary)
+        return _write_checkpoint(rt, boundary, rt.step if label is None else label)
     finally:
         _SAVE_NS.reset(token)
 
 
-def _write_checkpoint(rt: "Runtime", boundary: Optional[int]) -> tuple["CheckpointRef", int, list[str]]:
+def _write_checkpoint(rt: "Runtime", boundary: Optional[int], label: int) -> tuple["CheckpointRef", int, list[str]]:
     ctl = rt.ctl
     position, loop_failures = _position(rt, boundary)
     namespace, saved_locals = _variables(rt)
@@ -380,7 +382,7 @@ def _write_checkpoint(rt: "Runtime", boundary: Optional[int]) -> tuple["Checkpoi
             written["bytes"] = f.bytes + blob_bytes
 
         try:
-            ref = ctl.store.write(rt.step, ctl.rank, ctl.world_size, writer)
+            ref = ctl.store.write(label, ctl.rank, ctl.world_size, writer)
             return ref, int(written["bytes"]), sorted(rebuild)
         except _PICKLE_ERRORS as e:
             before = dict(rebuild)
