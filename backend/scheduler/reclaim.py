@@ -5,6 +5,12 @@ standard job (premium work only). Within a kind, the job that loses least work g
 (newest checkpoint), then the newest job. Premium jobs and jobs moved recently are never taken
 from. Plans are computed first and applied only when the whole gang fits, so a failed attempt
 changes nothing.
+
+Jobs of the waiting job's own tier are taken from in one of two modes: fair share (a standard
+job shrinks standard jobs of users holding more devices than its user) or least attained
+service (``las``: jobs at least ``las_take_gap`` service classes above the waiting job's;
+standard ones are only shrunk, because the categories passed for standard work never include
+preempting standard jobs).
 """
 from __future__ import annotations
 
@@ -36,12 +42,21 @@ def _least_shrink(job: RJob, node: str, need: int) -> tuple[int, int]:
 
 
 def plan_node(
-    state: RoundState, i: int, need: int, cats: tuple[int, ...], ben: RJob, p: int, taken: set[RJob]
+    state: RoundState,
+    i: int,
+    need: int,
+    cats: tuple[int, ...],
+    ben: RJob,
+    p: int,
+    taken: set[RJob],
+    las: Optional[tuple[int, int]] = None,
 ) -> Optional[Changes]:
     """Victims on node ``i`` that free ``need`` devices through ``cats``, or None.
 
-    A standard job may shrink another standard job only when that job's user holds more
-    standard devices than the waiting job's user will once it runs (fair share in a tier).
+    A job of the waiting job's own tier is a victim only if its user holds more devices of the
+    tier than the waiting job's user will once it runs (fair share), or, with ``las``, only if
+    its service class is ``las_take_gap`` or more above the waiting job's (least attained
+    service).
     """
     node = state.names[i]
     hb = state.held(ben.rank, ben.user) + p
@@ -49,8 +64,12 @@ def plan_node(
     for j in state.node_jobs.get(i, ()):
         if not j.movable or j in taken or node not in j.placement:
             continue
-        if j.rank == ben.rank and state.held(j.rank, j.user) <= hb:
-            continue
+        if j.rank == ben.rank:
+            if las is not None:
+                if j.las_victim < las[1] + state.config.las_take_gap:
+                    continue
+            elif state.held(j.rank, j.user) <= hb:
+                continue
         by_rank[j.rank].append(j)
     for lst in by_rank.values():
         lst.sort(key=lambda j: j.victim_key)
@@ -92,19 +111,25 @@ def plan_node(
     return final if rem <= 0 else changes
 
 
-def _commit(state: RoundState, node: str, changes: Changes, ben: RJob, p: int) -> None:
+def _commit(state: RoundState, node: str, changes: Changes, ben: RJob, p: int, las: bool = False) -> None:
     for j in sorted(changes, key=lambda j: (j.rank, j.victim_key)):
         q = changes[j]
         why = f"{ben.sla} job {ben.id} needs {p} devices on {node}"
-        if q == 0:
-            state.preempt(j, f"preempted: {why}; shrinking {j.sla} jobs there was not enough")
-            continue
         extra = ""
         if j.rank == ben.rank:
-            extra = (
-                f"; fair share in {j.sla} tier: user {j.user} holds {state.held(j.rank, j.user)} devices,"
-                f" user {ben.user} {state.held(ben.rank, ben.user)}"
-            )
+            if las:
+                extra = (
+                    f"; least attained service first in the {j.sla} tier: {j.id} has had"
+                    f" {j.attained / 3600:.2f} device-hours, {ben.id} {ben.attained / 3600:.2f}"
+                )
+            else:
+                extra = (
+                    f"; fair share in {j.sla} tier: user {j.user} holds {state.held(j.rank, j.user)} devices,"
+                    f" user {ben.user} {state.held(ben.rank, ben.user)}"
+                )
+        if q == 0:
+            state.preempt(j, f"preempted: {why}{extra}; shrinking {j.sla} jobs there was not enough")
+            continue
         state.resize(
             j,
             shrunk_placement(j.placement, q),
@@ -112,22 +137,28 @@ def _commit(state: RoundState, node: str, changes: Changes, ben: RJob, p: int) -
         )
 
 
-def reclaim(state: RoundState, ben: RJob, p: int, cats: tuple[int, ...]) -> Optional[Placement]:
-    """Free ``p`` devices for ``ben`` by taking them from running jobs; the placement, or None."""
+def reclaim(state: RoundState, ben: RJob, p: int, cats: tuple[int, ...], las: bool = False) -> Optional[Placement]:
+    """Free ``p`` devices for ``ben`` by taking them from running jobs; the placement, or None.
+
+    ``las``: jobs of ``ben``'s own tier are taken from by least attained service (only those
+    ``las_take_gap`` or more service classes above ``ben``), not by fair share."""
     big = state.free.max_size
+    key = (ben.rank, ben.las) if las else None
     if p <= big:
-        for i in state.reclaim_candidates(p, cats, limit=4):
-            changes = plan_node(state, i, p - int(state.nfree[i]), cats, ben, p, set())
+        for i in state.reclaim_candidates(p, cats, limit=4, las=key):
+            changes = plan_node(state, i, p - int(state.nfree[i]), cats, ben, p, set(), key)
             if changes is None:
                 continue
             node = state.names[i]
-            _commit(state, node, changes, ben, p)
+            _commit(state, node, changes, ben, p, las)
             return {node: _devices(state, node, p)}
         return None
-    return _reclaim_multi(state, ben, p, cats)
+    return _reclaim_multi(state, ben, p, cats, key)
 
 
-def _reclaim_multi(state: RoundState, ben: RJob, p: int, cats: tuple[int, ...]) -> Optional[Placement]:
+def _reclaim_multi(
+    state: RoundState, ben: RJob, p: int, cats: tuple[int, ...], las: Optional[tuple[int, int]] = None
+) -> Optional[Placement]:
     """A job larger than a node: whole nodes plus a remainder, each freed like a small job."""
     big = state.free.max_size
     whole_n, rest = divmod(p, big)
@@ -141,8 +172,8 @@ def _reclaim_multi(state: RoundState, ben: RJob, p: int, cats: tuple[int, ...]) 
             plans.append((spare[0], {}))
             used.add(spare[0])
             continue
-        for i in state.reclaim_candidates(big, cats, limit=4, whole=True, exclude=frozenset(used)):
-            changes = plan_node(state, i, big - int(state.nfree[i]), cats, ben, p, taken)
+        for i in state.reclaim_candidates(big, cats, limit=4, whole=True, exclude=frozenset(used), las=las):
+            changes = plan_node(state, i, big - int(state.nfree[i]), cats, ben, p, taken, las)
             if changes is not None:
                 plans.append((i, changes))
                 used.add(i)
@@ -155,8 +186,8 @@ def _reclaim_multi(state: RoundState, ben: RJob, p: int, cats: tuple[int, ...]) 
         if node is not None:
             plans.append((state.index[node], {}))
         else:
-            for i in state.reclaim_candidates(rest, cats, limit=4, exclude=frozenset(used)):
-                changes = plan_node(state, i, rest - int(state.nfree[i]), cats, ben, p, taken)
+            for i in state.reclaim_candidates(rest, cats, limit=4, exclude=frozenset(used), las=las):
+                changes = plan_node(state, i, rest - int(state.nfree[i]), cats, ben, p, taken, las)
                 if changes is not None:
                     plans.append((i, changes))
                     break
@@ -165,7 +196,7 @@ def _reclaim_multi(state: RoundState, ben: RJob, p: int, cats: tuple[int, ...]) 
     placement: Placement = {}
     for k, (i, changes) in enumerate(plans):
         node = state.names[i]
-        _commit(state, node, changes, ben, p)
+        _commit(state, node, changes, ben, p, las is not None)
         want = rest if (rest and k == len(plans) - 1) else big
         placement[node] = _devices(state, node, want)
     return placement

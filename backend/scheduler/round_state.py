@@ -9,6 +9,7 @@ capacity back is a handful of vector operations, not a loop over nodes per waiti
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -58,6 +59,15 @@ class RJob:
     #: fewest devices it may start on: an aged basic job keeps basic's freedom to start small
     #: on spare devices, while once running it is shrunk no further than standard allows
     start_min: int
+    #: seconds spent waiting for devices since submission (``now - submitted_at - ran_s``; for a
+    #: waiting job without ``ran_s``, since its last preemption or its submission)
+    waited: float = 0.0
+    attained: float = 0.0  # device-seconds held so far (JobView.attained_s)
+    #: service class (0 = least served): waiting jobs of a tier go lowest class first
+    las: int = 0
+    #: class it counts in as a victim of same-tier work: its class when its attained service
+    #: dwarfs the stall a move costs it, else 0 (nobody may take from it for LAS)
+    las_victim: int = 0
     touched: bool = False
     displaced: bool = False  # preempted in this round: may resume on spare devices at its end
     #: node index -> (devices freed there by shrinking to min_p, devices freed by preempting after)
@@ -98,7 +108,10 @@ class RoundState:
         self.index = {n: i for i, n in enumerate(self.names)}
         self.size = np.array([self.free.size[n] for n in self.names], dtype=np.int64)
         self.nfree = np.array([len(self.free.free[n]) for n in self.names], dtype=np.int64)
-        self.cats = np.zeros((4, len(self.names)), dtype=np.int64)
+        #: ``las_cats[k]``: the same counts over the jobs whose victim class (``RJob.las_victim``)
+        #: is at least k; ``cats`` is ``las_cats[0]``, every job. What a waiting job of class c
+        #: may take from its own tier is ``las_cats[c + las_take_gap]``
+        self.las_cats = np.zeros((len(config.las_thresholds_s) + 1, 4, len(self.names)), dtype=np.int64)
         #: node index -> jobs on it at the start of the round (only those untouched stay victims)
         self.node_jobs: dict[int, list[RJob]] = {}
         self.held_by: dict[tuple[int, str], int] = {}
@@ -106,29 +119,48 @@ class RoundState:
         self.waiting: list[RJob] = []
         self.shrunk: list[RJob] = []
         self.actions: list[Action] = []
+        #: job id -> devices held back for it this round (a starving job that did not fit)
+        self.reserved: dict[str, Placement] = {}
         self._read_jobs(snapshot.jobs)
+        #: node index -> devices each category could free there (a view of ``las_cats``)
+        self.cats = self.las_cats[0]
 
     # ------------------------------------------------------------------ reading the snapshot
 
     def _read_jobs(self, views: tuple[JobView, ...]) -> None:
         now, cfg = self.now, self.config
         interval = cfg.min_move_interval_s
-        aged_before = now - cfg.aging_horizon_s
+        horizon = cfg.aging_horizon_s
         mins: dict[tuple[SLA, SLA, int], tuple[int, int]] = {}
         running_state = JobState.RUNNING
+        basic, standard = SLA.BASIC, SLA.STANDARD
+        thresholds = cfg.las_thresholds_s
+        stall_cost = cfg.las_margin * cfg.overhead_s
+        track: list[tuple[int, int, int, int]] = []  # (class, category, node, devices)
+        jobs, waiting_jobs, shrunk, held_by = self.jobs, self.waiting, self.shrunk, self.held_by
+        index, node_jobs = self.index, self.node_jobs
         for v in views:
             st = v.state
             waiting = st in WAITING
             if not waiting and st not in HOLDING:
                 continue
             sla = v.sla
-            if sla == SLA.BASIC and v.submitted_at <= aged_before:
-                sla = SLA.STANDARD  # aging: see tiers.effective_sla
-            sizes = mins.get((v.sla, sla, v.gpus))
+            gpus = v.gpus
+            ran = v.ran_s
+            if ran is not None:
+                waited = aging = now - v.submitted_at - ran
+            else:
+                # unknown: basic jobs age with their time in the system (the rule before service
+                # data); a waiting job has waited at least since its preemption or submission
+                aging = now - v.submitted_at
+                waited = now - (v.last_moved_at if v.last_moved_at is not None else v.submitted_at)
+            if sla == basic and aging >= horizon:
+                sla = standard  # aging (tiers module docstring)
+            sizes = mins.get((v.sla, sla, gpus))
             if sizes is None:
-                floor = min_devices(sla, v.gpus, cfg)
-                sizes = mins[(v.sla, sla, v.gpus)] = (floor, min(floor, min_devices(v.sla, v.gpus, cfg)))
-            min_p, start_min = sizes if v.elastic else (v.gpus, v.gpus)
+                floor = min_devices(sla, gpus, cfg)
+                sizes = mins[(v.sla, sla, gpus)] = (floor, min(floor, min_devices(v.sla, gpus, cfg)))
+            min_p, start_min = sizes if v.elastic else (gpus, gpus)
             # placements are replaced, never mutated, so the view's dict can be shared
             placement = {} if waiting else v.placement
             held = 0
@@ -136,43 +168,62 @@ class RoundState:
                 held += len(d)
             moved = v.last_moved_at
             ckpt = v.last_checkpoint_at
+            attained = v.attained_s
+            las = las_victim = 0
+            if attained > 0.0:
+                las = bisect.bisect_right(thresholds, attained)
+                if attained >= stall_cost * held:
+                    las_victim = las
+            rank = RANK[sla]
+            running = st == running_state
+            protected = moved is not None and now - moved < interval
             job = RJob(
                 v,
                 v.id,
                 v.user,
                 sla,
-                RANK[sla],
-                v.gpus,
+                rank,
+                gpus,
                 min_p,
                 v.submitted_at,
                 ckpt if ckpt is not None else v.submitted_at,
                 placement,
                 held,
-                st == running_state,
-                moved is not None and now - moved < interval,
+                running,
+                protected,
                 start_min,
+                waited,
+                attained,
+                las,
+                las_victim,
             )
-            self.jobs[v.id] = job
+            jobs[v.id] = job
             if waiting:
-                self.waiting.append(job)
+                waiting_jobs.append(job)
                 continue
-            key = (job.rank, job.user)
-            self.held_by[key] = self.held_by.get(key, 0) + held
-            index = self.index
+            key = (rank, job.user)
+            held_by[key] = held_by.get(key, 0) + held
             for node in placement:
                 i = index.get(node)
                 if i is not None:
-                    self.node_jobs.setdefault(i, []).append(job)
-            if job.movable:
-                self._track(job)
-            if job.running and not job.protected and held < job.gpus:
-                self.shrunk.append(job)
+                    node_jobs.setdefault(i, []).append(job)
+            if running and not protected:
+                if rank < 2:  # movable
+                    self._track(job, track)
+                if held < gpus:
+                    shrunk.append(job)
+        if track:
+            k, c, i, n = zip(*track)
+            np.add.at(self.las_cats, (list(k), list(c), list(i)), list(n))
+            # per class -> at least that class
+            self.las_cats[:] = np.cumsum(self.las_cats[::-1], axis=0)[::-1]
 
-    def _track(self, job: RJob) -> None:
-        """Count what taking this job back would free, per node."""
+    def _track(self, job: RJob, out: list[tuple[int, int, int, int]]) -> None:
+        """Count what taking this job back would free, per node (added to the counts in bulk)."""
         keep = shrunk_placement(job.placement, job.min_p) if job.min_p < job.held else job.placement
         contrib: dict[int, tuple[int, int]] = {}
         shrink_cat = SHRINK_BASIC if job.rank == 0 else SHRINK_STANDARD
+        k = job.las_victim
         for node, devs in job.placement.items():
             i = self.index.get(node)
             if i is None:
@@ -180,17 +231,18 @@ class RoundState:
             kept = len(keep.get(node, ()))
             freed = len(devs) - kept
             contrib[i] = (freed, kept)
-            self.cats[shrink_cat, i] += freed
-            self.cats[shrink_cat + 1, i] += kept
+            out.append((k, shrink_cat, i, freed))
+            out.append((k, shrink_cat + 1, i, kept))
         job.contrib = contrib
 
     def _untrack(self, job: RJob) -> None:
         if job.contrib is None:
             return
         shrink_cat = SHRINK_BASIC if job.rank == 0 else SHRINK_STANDARD
+        upto = job.las_victim + 1  # counted in every "at least k" row with k <= its class
         for i, (freed, kept) in job.contrib.items():
-            self.cats[shrink_cat, i] -= freed
-            self.cats[shrink_cat + 1, i] -= kept
+            self.las_cats[:upto, shrink_cat, i] -= freed
+            self.las_cats[:upto, shrink_cat + 1, i] -= kept
         job.contrib = None
 
     # ------------------------------------------------------------------ device bookkeeping
@@ -257,20 +309,35 @@ class RoundState:
     def held(self, rank: int, user: str) -> int:
         return self.held_by.get((rank, user), 0)
 
+    def capacity(self, c: int, las: Optional[tuple[int, int]]) -> np.ndarray:
+        """Devices per node that category ``c`` offers; with ``las = (rank, cls)`` the jobs of
+        that rank count only if their victim class is ``cls + las_take_gap`` or more (LAS)."""
+        if las is not None and CATEGORY[c][0] == las[0]:
+            k = las[1] + self.config.las_take_gap
+            return self.las_cats[k, c] if k < len(self.las_cats) else np.zeros_like(self.nfree)
+        return self.cats[c]
+
     def reclaim_candidates(
-        self, p: int, cats: tuple[int, ...], limit: int, whole: bool = False, exclude: frozenset[int] = frozenset()
+        self,
+        p: int,
+        cats: tuple[int, ...],
+        limit: int,
+        whole: bool = False,
+        exclude: frozenset[int] = frozenset(),
+        las: Optional[tuple[int, int]] = None,
     ) -> list[int]:
         """Nodes where ``p`` devices can be had from free devices plus ``cats``, cheapest first.
 
         Cost follows the category order (shrink basic < preempt basic < shrink standard <
         preempt standard), then more free devices, then node order. ``whole`` restricts to
-        nodes of the largest size (for the whole-node part of a multi-node job).
+        nodes of the largest size (for the whole-node part of a multi-node job). ``las``: see
+        :meth:`capacity`.
         """
         need = p - self.nfree
         rem = np.maximum(need, 0)
         cost = np.zeros(len(self.names))
         for c in cats:
-            take = np.minimum(rem, self.cats[c])
+            take = np.minimum(rem, self.capacity(c, las))
             cost += take * CATEGORY_COST[c]
             rem = rem - take
         ok = (rem == 0) & (need > 0) & (self.size >= p)

@@ -54,7 +54,7 @@ class SimJob:
     __slots__ = (
         "id", "user", "sla", "gpus", "submit", "duration", "state", "placement", "held", "rem",
         "t_ref", "stall_until", "attained", "overhead_ds", "start", "finish", "last_moved_at",
-        "last_checkpoint_at", "version", "view",
+        "last_checkpoint_at", "version", "view", "ran",
     )
 
     def __init__(self, tj: TraceJob):
@@ -72,6 +72,7 @@ class SimJob:
         self.stall_until = -math.inf
         self.attained = 0.0  # device-seconds held up to t_ref
         self.overhead_ds = 0.0  # device-seconds held while stalled, up to t_ref
+        self.ran = 0.0  # seconds holding devices, up to t_ref
         self.start: Optional[float] = None
         self.finish: Optional[float] = None
         self.last_moved_at: Optional[float] = None
@@ -89,8 +90,14 @@ class SimJob:
         return max(rem, 0.0), self.attained + self.held * dt, self.overhead_ds + self.held * stalled
 
     def materialize(self, t: float) -> None:
+        if self.held and t > self.t_ref:
+            self.ran += t - self.t_ref
         self.rem, self.attained, self.overhead_ds = self.progress_to(t)
         self.t_ref = t
+
+    def ran_to(self, t: float) -> float:
+        """Seconds spent holding devices up to ``t``."""
+        return self.ran + (t - self.t_ref if self.held and t > self.t_ref else 0.0)
 
     def done_at(self) -> float:
         return max(self.t_ref, self.stall_until) + self.rem * self.gpus / self.held
@@ -267,7 +274,9 @@ class Simulator:
 
     def snapshot(self) -> Snapshot:
         nodes = tuple(self._node_view(n) for n in self.sizes)
-        jobs = tuple(j.view or self._job_view(j) for j in self.active.values())
+        # a job holding devices accrues attained service every second, so its view is rebuilt
+        # each round; a waiting job's view stays valid until the job changes
+        jobs = tuple(self._job_view(j) if j.held or j.view is None else j.view for j in self.active.values())
         return Snapshot(now=self.now, nodes=nodes, jobs=jobs)
 
     def _node_view(self, name: str) -> NodeView:
@@ -288,6 +297,8 @@ class Simulator:
             placement=j.placement,
             last_checkpoint_at=j.last_checkpoint_at,
             last_moved_at=j.last_moved_at,
+            attained_s=j.progress_to(self.now)[1],
+            ran_s=j.ran_to(self.now),
         )
         return j.view
 

@@ -1,13 +1,18 @@
-"""The Singularity policy: SLA tiers, elastic (spliced) jobs, work conservation, defragmentation.
+"""The Singularity policy: SLA tiers, elastic (spliced) jobs, work conservation, defragmentation,
+least attained service within a tier.
 
 One round, in this order (docs/scheduling.md has the full rules):
 
 for each tier, premium, then standard, then basic:
-  1. waiting jobs of the tier (queued or preempted), aged ones first, then fair share between
-     users (the user holding fewest devices in the tier goes next), FIFO within a user. Each
-     tries, for each allowed size P (divisors of W from W down to the tier's minimum):
-     free devices; defragmentation; taking back from lower tiers. A standard job that still
-     does not fit may shrink standard jobs of users holding more than its user (fair share).
+  1. waiting jobs of the tier (queued or preempted): those that have waited past the
+     starvation horizon first (oldest first); then by service class, least attained service
+     first (``JobView.attained_s``); within a class fair share between users (the user holding
+     fewest devices in the tier goes next), FIFO within a user. Each tries, for each allowed
+     size P (divisors of W from W down to the tier's minimum): free devices; defragmentation;
+     taking back from lower tiers. A job that still does not fit may take from running jobs of
+     its own tier that have had far more service (standard: shrink only; basic: shrink, then
+     preempt), and a standard job may shrink standard jobs of users holding more than its user
+     (fair share). A starving job that fits nowhere has one node's free devices held for it.
   2. shrunk jobs of the tier grow back into idle devices (work conservation), fairest first.
 then, if devices are still free, one more pass over every tier using free devices only, in
 which victims displaced earlier in the round may resume at once (preempt + resume elsewhere).
@@ -20,6 +25,8 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from typing import Iterator, Optional
+
+import numpy as np
 
 from singularity_sdk.protocol import JobState
 
@@ -47,6 +54,9 @@ LOWER = {
 }
 #: What a waiting standard job may take when lower tiers are not enough (fair share in tier).
 SAME_TIER = (SHRINK_BASIC, PREEMPT_BASIC, SHRINK_STANDARD)
+#: What a waiting job may take from its own tier by least attained service (with lower tiers):
+#: standard work is only ever shrunk for standard work, basic work shrunk, then preempted.
+LAS_TAKE = {1: (SHRINK_BASIC, PREEMPT_BASIC, SHRINK_STANDARD), 0: (SHRINK_BASIC, PREEMPT_BASIC)}
 
 
 def singularity_policy(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()) -> list[Action]:
@@ -98,26 +108,36 @@ class _Tier:
         #: and capacity to take back only shrink, except when a victim frees more than needed)
         self.fail_floor = 1 << 30
         self.fail_user: dict[str, int] = {}
+        self.fail_las: dict[int, int] = {}  # service class -> smallest minimum size that failed
         self.fail_free = -1  # free devices when the failures above were recorded
+        #: one reservation per tier and round: for the longest-waiting starving job that does
+        #: not fit (holding devices for every starving job would idle too many)
+        self.reserve_left = not free_only
 
     def order(self) -> Iterator[RJob]:
-        """Aged jobs first (oldest first), then fair share between users, FIFO per user."""
+        """Starving jobs first (waited past the starvation horizon; oldest first); then by
+        service class, least attained service first; within a class fair share between users
+        (the user holding fewest devices in the tier goes next), FIFO per user."""
         st = self.state
-        horizon = st.config.aging_horizon_s
-        aged = sorted((j for j in self.jobs if st.now - j.submitted_at >= horizon), key=lambda j: (j.submitted_at, j.id))
-        yield from aged
-        per_user: dict[str, deque[RJob]] = {}
-        for j in sorted(self.jobs, key=lambda j: (j.submitted_at, j.id)):
-            if st.now - j.submitted_at < horizon:
+        cfg = st.config
+        horizon = cfg.starvation_horizon_s
+        jobs = sorted(self.jobs, key=lambda j: (j.submitted_at, j.id))
+        yield from (j for j in jobs if j.waited >= horizon)
+        by_class: dict[int, dict[str, deque[RJob]]] = {}
+        for j in jobs:
+            if j.waited < horizon:
+                per_user = by_class.setdefault(j.las if cfg.las_order else 0, {})
                 per_user.setdefault(j.user, deque()).append(j)
-        heap = [(st.held(self.rank, u), q[0].submitted_at, u) for u, q in per_user.items()]
-        heapq.heapify(heap)
-        while heap:
-            _, _, user = heapq.heappop(heap)
-            q = per_user[user]
-            yield q.popleft()
-            if q:
-                heapq.heappush(heap, (st.held(self.rank, user), q[0].submitted_at, user))
+        for cls in sorted(by_class):
+            per_user = by_class[cls]
+            heap = [(st.held(self.rank, u), q[0].submitted_at, u) for u, q in per_user.items()]
+            heapq.heapify(heap)
+            while heap:
+                _, _, user = heapq.heappop(heap)
+                q = per_user[user]
+                yield q.popleft()
+                if q:
+                    heapq.heappush(heap, (st.held(self.rank, user), q[0].submitted_at, user))
 
     def hopeless(self) -> bool:
         """Nothing free and nothing this tier may take: skip it without looking at its jobs."""
@@ -127,10 +147,19 @@ class _Tier:
         if self.free_only:
             return True
         cats = list(LOWER[self.rank] + ((SHRINK_STANDARD,) if self._same_tier() else ()))
-        return not cats or int(st.cats[cats].sum()) == 0
+        if cats and int(st.cats[cats].sum()) > 0:
+            return False
+        if self._las():
+            # what the least served waiting job (class 0) could take from its own tier
+            gap = st.config.las_take_gap
+            return gap >= len(st.las_cats) or int(st.las_cats[gap, list(LAS_TAKE[self.rank])].sum()) == 0
+        return True
 
     def _same_tier(self) -> bool:
         return self.rank == 1 and self.state.config.same_tier_shrink and not self.free_only
+
+    def _las(self) -> bool:
+        return self.rank < 2 and self.state.config.las_take and not self.free_only
 
     def place_waiting(self) -> None:
         if not self.jobs or self.hopeless():
@@ -142,12 +171,32 @@ class _Tier:
                 checked_at = len(self.state.actions)
                 if self.hopeless():
                     return
-            self._try(job)
+            if not self._try(job) and self.reserve_left and job.waited >= self.state.config.starvation_horizon_s:
+                self.reserve_left = False
+                self._reserve(job)
+
+    def _reserve(self, job: RJob) -> None:
+        """Hold, for the rest of the round, the free devices of the node nearest to fitting a
+        starving job (the most free devices), so that the jobs behind it cannot take every
+        device as it frees up: a large job would otherwise wait as long as small ones keep
+        coming. Rounds repeat the choice, so the node fills up for it."""
+        st = self.state
+        p = job.start_min
+        if p > st.free.max_size:
+            return  # a multi-node job: not reserved for (see docs/scheduling.md)
+        ok = np.flatnonzero((st.size >= p) & (st.nfree > 0))
+        if len(ok) == 0:
+            return
+        i = int(ok[np.lexsort((ok, -st.nfree[ok]))[0]])
+        node = st.names[i]
+        devs = tuple(st.free.free[node])
+        st.take_devices({node: devs})
+        st.reserved[job.id] = {node: devs}
 
     def _try(self, job: RJob) -> bool:
         st = self.state
         if st.free.total > self.fail_free >= 0:
-            self.fail_floor, self.fail_user, self.fail_free = 1 << 30, {}, -1
+            self.fail_floor, self.fail_user, self.fail_las, self.fail_free = 1 << 30, {}, {}, -1
         if job.start_min < self.fail_floor:
             for p in divisors(job.gpus):
                 if p < job.start_min:
@@ -158,6 +207,21 @@ class _Tier:
                     st.place(job, placement, _place_reason(job, placement, p, how, st))
                     return True
             self.fail_floor = job.start_min
+            self.fail_free = st.free.total
+        if self._las() and job.start_min < self.fail_las.get(job.las, 1 << 30):
+            cats = LAS_TAKE[self.rank]
+            for p in divisors(job.gpus):
+                if p < job.start_min:
+                    break
+                placement = reclaim(st, job, p, cats, las=True)
+                if placement is not None:
+                    how = (
+                        f"took devices from {job.sla} jobs that have had far more service"
+                        f" (least attained service first; it has had {job.attained / 3600:.2f} device-hours)"
+                    )
+                    st.place(job, placement, _place_reason(job, placement, p, how, st))
+                    return True
+            self.fail_las[job.las] = job.start_min
             self.fail_free = st.free.total
         if self._same_tier() and job.start_min < self.fail_user.get(job.user, 1 << 30):
             placement = reclaim(st, job, job.start_min, SAME_TIER)
@@ -200,7 +264,10 @@ def _place_reason(job: RJob, placement: Placement, p: int, how: str, st: RoundSt
     size = f"{p} of {job.gpus} devices"
     if p < job.gpus:
         size += f" (shrunk, splicing factor {job.gpus // p}; grows back when devices free up)"
-    return f"{verb} on {fmt_placement(placement)}, {size}: {tier} job, next in queue; {how}"
+    turn = "next in queue"
+    if job.waited >= st.config.starvation_horizon_s:
+        turn = f"first in queue, waited {job.waited / 3600:.1f} h (past the starvation horizon)"
+    return f"{verb} on {fmt_placement(placement)}, {size}: {tier} job, {turn}; {how}"
 
 
 def _grow(state: RoundState, rank: int) -> None:

@@ -2,9 +2,11 @@
 
 The mix follows the Philly week: mostly 1-device jobs, some 2/4/8, a few 16; tiers 20/50/30.
 Jobs are laid out oldest first until the cluster is nearly full (some standard and basic jobs
-run shrunk, some were moved recently), and the rest wait, a fifth of them preempted. That is
-the expensive case for the policy: a long queue in front of a full cluster, with premium work
-waiting that must take devices back.
+run shrunk, some were moved recently), and the rest wait, a fifth of them preempted. Running
+and preempted jobs have had service (``ran_s``, ``attained_s``, drawn from a second generator so
+that the layout does not depend on it), so service classes and same-tier LAS takes are
+exercised. That is the expensive case for the policy: a long queue in front of a full cluster,
+with premium work waiting that must take devices back.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ TIER_P = (0.2, 0.5, 0.3)
 def big_snapshot(n_jobs: int = 10_000, n_nodes: int = 1_000, per_node: int = 8, seed: int = 0, fill: float = 0.97) -> Snapshot:
     """A full cluster with a long queue; deterministic for a seed."""
     rng = np.random.default_rng(seed)
+    service = np.random.default_rng(seed + 1_000_003)
     now = 1_000_000.0
     names = [f"node-{i}" for i in range(n_nodes)]
     used: dict[str, dict[int, str]] = {n: {} for n in names}
@@ -43,9 +46,11 @@ def big_snapshot(n_jobs: int = 10_000, n_nodes: int = 1_000, per_node: int = 8, 
         if sla != SLA.PREMIUM and w > 1 and rng.random() < 0.3:
             p = divisors(w)[1]
         placement = free.pick(p) if allocated + p <= target else None
+        age = now - float(submitted[i])
         if placement is None:
             state = JobState.PREEMPTED if rng.random() < 0.2 else JobState.QUEUED
-            jobs.append(JobView(state=state, **common))
+            ran = float(service.uniform(0, age)) if state == JobState.PREEMPTED else 0.0
+            jobs.append(JobView(state=state, ran_s=ran, attained_s=ran * w, **common))
             continue
         free.take_placement(placement)
         for node, devs in placement.items():
@@ -54,12 +59,15 @@ def big_snapshot(n_jobs: int = 10_000, n_nodes: int = 1_000, per_node: int = 8, 
         allocated += p
         moved = now - float(rng.uniform(0, 300)) if rng.random() < 0.1 else None
         ckpt = now - float(rng.uniform(0, 3_600))
+        ran = float(service.uniform(0, age))
         jobs.append(
             JobView(
                 state=JobState.RUNNING,
                 placement=placement,
                 last_checkpoint_at=ckpt,
                 last_moved_at=moved,
+                ran_s=ran,
+                attained_s=ran * p,
                 **common,
             )
         )

@@ -4,9 +4,13 @@
 - standard: may be shrunk (spliced) down to half its devices, rounded up to a divisor of W;
   preempted only for premium work, and only when shrinking is not enough.
 - basic: runs on whatever is spare, at any divisor of W down to ``basic_min_fraction``;
-  shrunk, then preempted, before anything else. A basic job in the system for longer than the
-  aging horizon (``now - submitted_at >= aging_horizon_s``) is treated as standard from then
-  on, waiting or running, so it cannot starve (round_state applies this when it reads jobs).
+  shrunk, then preempted, before anything else. A basic job that has waited for devices for
+  longer than the aging horizon (``now - submitted_at - ran_s >= aging_horizon_s``; with
+  ``ran_s`` unknown, None, its time in the system) is treated as standard from then on,
+  waiting or running, so it cannot starve (round_state applies this when it reads jobs).
+- within a tier, least attained service: waiting jobs go by service class (attained
+  device-seconds), and a job may take from same-tier jobs with far more service, within the
+  rules above (standard only shrunk, basic shrunk then preempted, premium never).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ class PolicyConfig:
     #: expected cost of one preemption, migration or resize (the job stalls this long); used to
     #: decide whether a move pays for itself
     overhead_s: float = 30.0
-    #: basic jobs older than this are treated as standard (no starvation)
+    #: basic jobs that have waited this long are treated as standard (no starvation)
     aging_horizon_s: float = 4 * 3600.0
     standard_min_fraction: float = 0.5
     basic_min_fraction: float = 0.0
@@ -41,6 +45,31 @@ class PolicyConfig:
     defrag_margin: float = 2.0
     #: a shrunk job grows back only if the expected gain exceeds margin x the stall
     grow_margin: float = 1.0
+    #: least attained service (LAS) within a tier. Attained service = device-seconds a job has
+    #: held so far (``JobView.attained_s``); these thresholds (0.25, 1 and 10 device-hours) cut
+    #: it into service classes, 0 below the first. Waiting jobs of a tier go lowest class first
+    las_thresholds_s: tuple[float, ...] = (900.0, 3600.0, 36000.0)
+    #: order waiting jobs of a tier by service class before fair share (False: fair share only)
+    las_order: bool = True
+    #: a waiting job that fits nowhere else may take devices from running jobs of its own tier
+    #: that are at least ``las_take_gap`` service classes above its own (with the defaults: a
+    #: job with under 0.25 device-hours from jobs with over 1, one with under 1 from jobs with
+    #: over 10): standard ones are only shrunk (to half), basic ones shrunk, then preempted
+    las_take: bool = True
+    las_take_gap: int = 2
+    #: ... and only from a job whose attained service exceeds margin x its devices x
+    #: ``overhead_s`` (the stall it pays must be small next to what it has had)
+    las_margin: float = 10.0
+    #: a waiting job that has waited this long in all (``now - submitted_at - ran_s``) goes
+    #: first in its tier, oldest first, and when it does not fit, the free devices of the node
+    #: nearest to fitting it are held back for it (no starvation, large jobs included)
+    starvation_horizon_s: float = 48 * 3600.0
+
+    def __post_init__(self) -> None:
+        if self.las_take_gap < 1:
+            raise ValueError("las_take_gap must be at least 1 (a job never takes from its own service class)")
+        if list(self.las_thresholds_s) != sorted(self.las_thresholds_s):
+            raise ValueError("las_thresholds_s must be increasing")
 
 
 def min_devices(sla: SLA, gpus: int, config: PolicyConfig) -> int:

@@ -39,6 +39,16 @@ class JobView:
     #: whether it may run on fewer devices than ``gpus`` (a divisor of it); jobs whose ranks
     #: each use several devices, or that have one rank, run at full size only
     elastic: bool = True
+    #: attained service: device-seconds the job has held devices so far, over all its runs, up
+    #: to the snapshot's ``now`` (held x seconds, stalls included; 0 for a job that never ran).
+    #: The policy ranks jobs of one tier by it (least attained service first); left at 0 for
+    #: every job, it falls back to fair share and FIFO and takes nothing for same-tier work
+    attained_s: float = 0.0
+    #: seconds the job has held devices so far (wall clock, over all its runs, up to ``now``;
+    #: 0 for a job that never ran): ``now - submitted_at - ran_s`` is how long it has waited.
+    #: None (unknown): basic jobs age with their time in the system, and a waiting job's wait
+    #: counts from its last preemption (``last_moved_at``), else from its submission
+    ran_s: Optional[float] = None
 
     @property
     def placed_devices(self) -> int:

@@ -14,6 +14,7 @@ from singularity_sdk.protocol import EventType, JobState, NodeState, Placement, 
 
 from . import ranks
 from .core import ServiceConfig, ServiceError
+from .store import attained
 
 log = logging.getLogger("singularity.server")
 
@@ -42,14 +43,16 @@ class Scheduling:
             if row["state"] == JobState.PREEMPTED.value:
                 continue  # preempted by its user: it waits for them to resume it
             placement = {p["node"]: tuple(p["devices"]) for p in json.loads(row["placement_json"])}
+            attained_s, ran_s = attained(row, now)
             jobs.append(
                 JobView(id=row["id"], user=row["user"], sla=row["sla"], state=JobState(row["state"]),
                         gpus=row["gpus"], elastic=ranks.elastic(row["ranks"], row["gpus"]),
                         submitted_at=row["created_at"], last_moved_at=row["moved_at"],
+                        attained_s=attained_s, ran_s=ran_s,
                         last_checkpoint_at=json.loads(row["last_checkpoint_json"] or "{}").get("time"),
                         placement=placement if JobState(row["state"]).holds_devices else {})
             )
-        return Snapshot(now=time.time(), nodes=nodes, jobs=tuple(jobs))
+        return Snapshot(now=now, nodes=nodes, jobs=tuple(jobs))
 
     def schedule_now(self) -> list[Action]:
         """One round: the policy's actions, applied in order.

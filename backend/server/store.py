@@ -69,7 +69,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     result_pickle BLOB,
     result_repr TEXT,
     result_error TEXT,
-    last_seq INTEGER NOT NULL DEFAULT 0
+    last_seq INTEGER NOT NULL DEFAULT 0,
+    held_s REAL NOT NULL DEFAULT 0,      -- seconds it held devices, over finished stretches
+    attained_s REAL NOT NULL DEFAULT 0,  -- device-seconds of those stretches (attained service)
+    held_since REAL                      -- start of the current stretch on devices, if any
 );
 CREATE INDEX IF NOT EXISTS jobs_user ON jobs(user, created_at);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
@@ -112,6 +115,15 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")  # durable against process crashes
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.executescript(SCHEMA)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """A home made by an older version lacks newer job columns: add them (all have defaults)."""
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(jobs)")}
+        for name, decl in (("held_s", "REAL NOT NULL DEFAULT 0"), ("attained_s", "REAL NOT NULL DEFAULT 0"),
+                           ("held_since", "REAL")):
+            if name not in have:
+                self.db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
 
     def close(self) -> None:
         self.db.close()
@@ -156,9 +168,31 @@ class Store:
         self.db.execute(f"INSERT INTO jobs({cols}) VALUES ({marks})", tuple(row.values()))
 
     def update_job(self, job_id: str, **fields: Any) -> None:
-        fields["updated_at"] = time.time()
+        fields["updated_at"] = now = time.time()
+        if "state" in fields or "placement_json" in fields:
+            fields.update(self._service_account(job_id, fields, now))
         sets = ", ".join(f"{k}=?" for k in fields)
         self.db.execute(f"UPDATE jobs SET {sets} WHERE id=?", (*fields.values(), job_id))
+
+    def _service_account(self, job_id: str, fields: dict[str, Any], now: float) -> dict[str, Any]:
+        """Close the job's current stretch on devices when it leaves them or its placement
+        changes, and open one when it takes devices: what the scheduler's least-attained-
+        service ordering reads (`attained`)."""
+        old = self.db.execute("SELECT state, placement_json, held_since, held_s, attained_s FROM jobs WHERE id=?",
+                              (job_id,)).fetchone()
+        if old is None:
+            return {}
+        state, placement, since, held_s, attained_s = old
+        new_state = fields.get("state", state)
+        new_placement = fields.get("placement_json", placement)
+        holding = JobState(new_state).holds_devices
+        if since is not None and holding and new_placement == placement:
+            return {}  # the same stretch goes on (e.g. running -> preempting)
+        out: dict[str, Any] = {"held_since": now if holding else None}
+        if since is not None:
+            out["held_s"] = held_s + (now - since)
+            out["attained_s"] = attained_s + (now - since) * _devices(placement)
+        return out
 
     def job_row(self, job_id: str) -> Optional[sqlite3.Row]:
         cur = self.db.execute("SELECT * FROM jobs WHERE id=?", (job_id,))
@@ -292,3 +326,18 @@ def _job_info(row: tuple) -> JobInfo:
         checkpoint_every=ckpt_every,
         filename=filename,
     )
+
+
+def _devices(placement_json: str) -> int:
+    return sum(len(p["devices"]) for p in json.loads(placement_json or "[]"))
+
+
+def attained(row: sqlite3.Row, now: float) -> tuple[float, Optional[float]]:
+    """(device-seconds, seconds) the job has held devices up to ``now``, the current stretch
+    included; seconds are None where the history is unknown (a job started before this
+    accounting existed, in an older home)."""
+    if row["held_since"] is None:
+        unknown = row["started_at"] is not None and row["held_s"] == 0
+        return row["attained_s"], None if unknown else row["held_s"]
+    running = max(0.0, now - row["held_since"])
+    return row["attained_s"] + running * _devices(row["placement_json"]), row["held_s"] + running

@@ -19,17 +19,28 @@ def running(
     ckpt: Optional[float] = None,
     moved: Optional[float] = None,
     state: JobState = JobState.RUNNING,
+    attained: float = 0.0,
+    ran: Optional[float] = None,
 ) -> JobView:
     return JobView(
         id=job_id, user=user, sla=sla, state=state, gpus=gpus, submitted_at=submitted_at,
-        placement=placement, last_checkpoint_at=ckpt, last_moved_at=moved,
+        placement=placement, last_checkpoint_at=ckpt, last_moved_at=moved, attained_s=attained, ran_s=ran,
     )
 
 
 def waiting(
-    job_id: str, sla: SLA, gpus: int, user: str = "u", submitted_at: float = 0.0, state: JobState = JobState.QUEUED
+    job_id: str,
+    sla: SLA,
+    gpus: int,
+    user: str = "u",
+    submitted_at: float = 0.0,
+    state: JobState = JobState.QUEUED,
+    attained: float = 0.0,
+    ran: Optional[float] = None,
 ) -> JobView:
-    return JobView(id=job_id, user=user, sla=sla, state=state, gpus=gpus, submitted_at=submitted_at)
+    return JobView(
+        id=job_id, user=user, sla=sla, state=state, gpus=gpus, submitted_at=submitted_at, attained_s=attained, ran_s=ran
+    )
 
 
 def snapshot(now: float, nodes: dict[str, int], jobs: Iterable[JobView]) -> Snapshot:

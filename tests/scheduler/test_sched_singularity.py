@@ -232,9 +232,13 @@ def test_random_snapshots_keep_every_invariant():
         actions = singularity_policy(snap, cfg)
         after = apply(snap, actions)
         views = {j.id: j for j in snap.jobs}
+        premium_placed = any(isinstance(a, Place) and views[a.job_id].sla == P for a in actions)
         for a in actions:
             j = views[a.job_id]
             moved = j.last_moved_at is not None and snap.now - j.last_moved_at < cfg.min_move_interval_s
+            waited = snap.now - j.submitted_at - (j.ran_s or 0.0)
+            if isinstance(a, Preempt) and (j.sla == S or (j.sla == B and waited >= cfg.aging_horizon_s)):
+                assert premium_placed, a  # standard work is preempted only for premium work
             if isinstance(a, (Preempt, Migrate)) or (isinstance(a, Resize) and ndev(after[j.id]) < j.placed_devices):
                 assert j.sla != P, a
                 assert not moved, a
@@ -243,7 +247,7 @@ def test_random_snapshots_keep_every_invariant():
             if isinstance(a, Place):
                 assert ndev(after[j.id]) >= min_devices(j.sla, j.gpus, cfg), a
             if isinstance(a, Resize) and ndev(after[j.id]) < j.placed_devices:
-                aged = snap.now - j.submitted_at >= cfg.aging_horizon_s
+                aged = snap.now - j.submitted_at - (j.ran_s or 0.0) >= cfg.aging_horizon_s  # waited that long
                 tier = S if j.sla == B and aged else j.sla
                 assert ndev(after[j.id]) >= min_devices(tier, j.gpus, cfg), a
 
