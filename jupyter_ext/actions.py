@@ -1,9 +1,9 @@
 """Job controls shared by the widget's buttons and the ``%singularity`` line commands.
 
 Each action returns quickly (it never waits for the job to react: the event stream shows the
-outcome), and every failure becomes one sentence for the user: a server that does not offer an
-action yet (migrate, resize) answers 404 "unknown action", which is shown as "not available on
-this server yet", not as a traceback.
+outcome), and every failure becomes one sentence for the user: an older server that does not
+offer an action answers 404 "unknown action", which is shown as "not available on this server
+yet", not as a traceback.
 """
 from __future__ import annotations
 

@@ -175,8 +175,8 @@ class JobView:
             return "not placed" if not self.finished else "-"
         where = ", ".join(f"{p['node']} {list(p['devices'])}" for p in self.placement)
         devices = sum(len(p["devices"]) for p in self.placement)
-        splicing = self.splicing or (self.gpus / devices if devices else 0)  # S = W / P
-        share = f", splicing x{splicing:g}" if splicing and splicing != 1 else ""
+        splicing = self.ranks / devices if devices and self.ranks > devices else 1  # S = W / P, now
+        share = f", splicing x{splicing:g}" if splicing != 1 else ""
         return f"{where} - {self.ranks} rank(s) on {devices} device(s){share}"
 
     def progress_text(self, now: Optional[float] = None) -> str:

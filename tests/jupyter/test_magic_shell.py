@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
@@ -175,3 +176,33 @@ def test_cluster_widget_shows_devices_live(shell, jclient, capsys):
     finally:
         w.close()
     wait_until(lambda: not w.alive, timeout=8, what="the cluster thread to stop")
+
+
+DDP_CELL = (Path(__file__).resolve().parents[1] / "e2e" / "programs" / "ddp_train.py").read_text().replace(
+    'int(os.environ.get("STEPS", "60"))', "150")
+
+
+def test_a_data_parallel_cell_resized_from_its_widget_stays_exact(shell):
+    """`%%singularity --gpus 2 --ranks 2` on an ordinary DDP cell; the widget's Resize button
+    moves it to one device (both ranks share it) and back; the cell's value and every rank's
+    losses equal those of a cell that was never resized."""
+    shell.run_line_magic("singularity_config", "--widgets on")
+    plain = shell.run_cell_magic("singularity", "--gpus 2 --ranks 2 --name ddp-plain -o ddp_plain_job", DDP_CELL)
+    reference = shell.user_ns["ddp_plain_job"].logs()
+    job = shell.run_cell_magic("singularity", "--gpus 2 --ranks 2 --no-wait --name ddp-widget", DDP_CELL)
+    w = magics(shell).widgets[job.id]
+    try:
+        wait_until(lambda: w.view.log_lines > 20, timeout=120, what="training")
+        for done, size in enumerate((1, 2), start=1):
+            w.resize_to.value = size
+            w.buttons["resize"].click()
+            assert "resize to" in w.message.value, w.message.value
+            wait_until(lambda: sum(e.type.value == "resized" for e in job.events(follow=False)) == done,
+                       timeout=120, interval=0.2, what=f"resized to {size} device(s)")
+            wait_until(lambda: sum(len(p["devices"]) for p in w.view.placement) == size, what="the widget's placement")
+            assert ("splicing x2" in w.view.placement_text()) == (size == 1)
+        assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+    finally:
+        cancel_quietly(job)
+    assert job.result() == plain
+    assert sorted(job.logs().splitlines()) == sorted(reference.splitlines())
