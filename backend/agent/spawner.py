@@ -175,7 +175,7 @@ class Spawner:
         self._next = 0
         self._pids: dict[str, asyncio.Future[int]] = {}
         self._exits: dict[str, asyncio.Future[int]] = {}
-        self._listener: Optional[asyncio.Task] = None
+        self._listener: Optional[asyncio.Task] = None  # held so the reading task is not collected
 
     async def start(self) -> None:
         # Datagram-like packets: one request and its descriptors per packet, never merged or split.
@@ -252,6 +252,10 @@ class Spawner:
             for fd in (in_r, out_w, err_w):  # the child has its copies
                 os.close(fd)
         pid = await forked
+        if pid < 0:  # the spawner died before forking it: start a fresh one instead
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+            return None
         stdout = await _reader(out_r, limit)
         stderr = await _reader(err_r, limit)
         transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
