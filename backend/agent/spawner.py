@@ -117,6 +117,11 @@ def serve(fd: int) -> None:
             __import__(name)
         except ImportError:
             pass
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        # A CUDA context does not survive fork(): children could not use their device.
+        print("spawner: CUDA was initialised while preloading; not forking workers", file=sys.stderr)
+        return
     import select
 
     from backend.proxy.launch import report_exits
@@ -182,7 +187,9 @@ class Spawner:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         self._sock = mine
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the zygote computes nothing
+        # The zygote computes nothing, and must not initialise CUDA (fork would break it in the
+        # children): torch's availability checks then ask NVML instead of the CUDA runtime.
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "backend.agent.spawner", str(theirs.fileno()),
             pass_fds=(theirs.fileno(),), stdin=asyncio.subprocess.DEVNULL, env=env)
