@@ -209,6 +209,7 @@ class NodeInfo(Strict):
     devices: list[DeviceInfo]
     used: dict[int, str] = Field(default_factory=dict, description="device index -> job id")
     heartbeat_at: Optional[float] = None
+    address: Optional[str] = None
 
 
 class ResultPayload(Strict):
@@ -242,6 +243,8 @@ class AgentHello(Strict):
     #: (job id, attempt) of every job whose workers are alive or whose exit is not yet acked
     known_jobs: list[tuple[str, int]] = Field(default_factory=list)
     acked_seq: int = 0
+    address: Optional[str] = Field(None, max_length=255, description="how the other nodes reach this one: "
+                                   "MASTER_ADDR of jobs whose rank 0 runs here")
 
 
 class AgentEvent(Strict):

@@ -49,7 +49,7 @@ WARM_ENV = "SINGULARITY_WARM_WORKERS"
 class Agent:
     def __init__(self, server: str, token: str, name: str, devices: list[DeviceInfo], home: Path,
                  checkpoint_root: Path, threads_per_slot: int = 1, orphan_timeout: Optional[float] = None,
-                 store: Optional[str] = None):
+                 store: Optional[str] = None, address: Optional[str] = None):
         self.url = server.rstrip("/").replace("http://", "ws://").replace("https://", "wss://") + API_PREFIX + "/agents/ws"
         self.token = token
         self.name = name
@@ -58,6 +58,7 @@ class Agent:
         self.checkpoint_root = checkpoint_root
         self.threads_per_slot = threads_per_slot
         self.orphan_timeout = orphan_timeout
+        self.address = address
         self.transfer = CheckpointTransfer(store, checkpoint_root) if store else None
         self.instance = uuid.uuid4().hex
         #: forks workers from a process that already imported torch (SINGULARITY_WARM_WORKERS=0: off)
@@ -120,8 +121,10 @@ class Agent:
         await self.shutdown()
 
     async def _session(self, ws: ClientConnection, stopper: asyncio.Task) -> None:
+        # Unless told otherwise, other nodes reach this one at the address it reaches the server from.
+        address = self.address or (ws.local_address[0] if ws.local_address else None)
         hello = AgentHello(node=self.name, instance=self.instance, devices=self.devices,
-                           known_jobs=self.known_jobs())
+                           known_jobs=self.known_jobs(), address=address)
         await ws.send(hello.model_dump_json())
         welcome = Welcome.model_validate_json(await ws.recv())
         self.heartbeat_s = welcome.heartbeat_s
@@ -257,6 +260,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--store", default=None, metavar="URL",
                    help="checkpoint store shared by all nodes (fsspec URL: file://, s3://, gs://, az://); "
                         "without it, --checkpoint-root must be a folder every node sees")
+    p.add_argument("--address", default=os.environ.get("SINGULARITY_AGENT_ADDRESS") or None,
+                   help="how the other nodes reach this one (rank 0 of a job listens here); "
+                        "default: the local address of the connection to the server")
     args = p.parse_args(argv)
     logging.basicConfig(level=os.environ.get("SINGULARITY_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
@@ -264,5 +270,5 @@ def main(argv: Optional[list[str]] = None) -> None:
     home = args.home or base / "agents" / args.name
     agent = Agent(args.server, args.token, args.name, discover(args.devices), home,
                   args.checkpoint_root or base / "checkpoints", args.threads_per_slot, args.orphan_timeout,
-                  args.store)
+                  args.store, args.address)
     asyncio.run(agent.run())

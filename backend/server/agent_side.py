@@ -38,7 +38,7 @@ class AgentSide:
 
     def agent_hello(self, link: AgentLink, hello: AgentHello) -> Welcome:
         with self.store.tx():
-            acked = self.store.upsert_node(hello.node, hello.devices, hello.instance)
+            acked = self.store.upsert_node(hello.node, hello.devices, hello.instance, hello.address)
         self.links[hello.node] = link
         log.info("agent %s connected (%d devices, instance %s)", hello.node, len(hello.devices), hello.instance)
         self._reconcile(hello.node, {tuple(k) for k in hello.known_jobs})

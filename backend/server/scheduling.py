@@ -120,11 +120,14 @@ class Scheduling:
                             {"attempt": attempt, "reason": reason, "placement": placement_json})
         self._publish(row["user"], [ev])
         checkpoint = json.loads(row["last_checkpoint_json"])["path"] if row["last_checkpoint_json"] else None
+        # Rank 0 hosts the job's rendezvous: every rank, on any node, connects to its node's address.
+        master_addr = next((n.address for n in self.store.nodes() if n.name == per_rank[0][0][0] and n.address),
+                           "127.0.0.1")
         master_port = _free_port()
         for node, specs in rank_specs.items():
             msg = StartJob(
                 job_id=job_id, attempt=attempt, world_size=world, local_world_size=len(specs), ranks=specs,
-                master_addr="127.0.0.1", master_port=master_port,
+                master_addr=master_addr, master_port=master_port,
                 source=row["source"], callable_b64=row["callable_b64"], filename=row["filename"],
                 inputs_b64=row["inputs_b64"], outputs=json.loads(row["outputs_json"]),
                 env=json.loads(row["env_json"]), checkpoint_every=row["checkpoint_every"] or self.config.checkpoint_every,

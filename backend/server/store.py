@@ -90,7 +90,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     devices_json TEXT NOT NULL,
     instance TEXT NOT NULL,
     acked_seq INTEGER NOT NULL DEFAULT 0,
-    heartbeat_at REAL
+    heartbeat_at REAL,
+    address TEXT                     -- how other nodes reach it (rank 0's MASTER_ADDR)
 );
 """
 
@@ -118,12 +119,12 @@ class Store:
         self._add_missing_columns()
 
     def _add_missing_columns(self) -> None:
-        """A home made by an older version lacks newer job columns: add them (all have defaults)."""
-        have = {row[1] for row in self.db.execute("PRAGMA table_info(jobs)")}
-        for name, decl in (("held_s", "REAL NOT NULL DEFAULT 0"), ("attained_s", "REAL NOT NULL DEFAULT 0"),
-                           ("held_since", "REAL")):
-            if name not in have:
-                self.db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
+        """A home made by an older version lacks newer columns: add them (all have defaults)."""
+        for table, name, decl in (("jobs", "held_s", "REAL NOT NULL DEFAULT 0"),
+                                  ("jobs", "attained_s", "REAL NOT NULL DEFAULT 0"), ("jobs", "held_since", "REAL"),
+                                  ("nodes", "address", "TEXT")):
+            if name not in {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}:
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
 
     def close(self) -> None:
         self.db.close()
@@ -258,23 +259,24 @@ class Store:
 
     # ------------------------------------------------------------------ nodes
 
-    def upsert_node(self, name: str, devices: list[DeviceInfo], instance: str) -> int:
+    def upsert_node(self, name: str, devices: list[DeviceInfo], instance: str, address: Optional[str] = None) -> int:
         """Register an agent; returns the sequence number already applied for this instance."""
         row = self.db.execute("SELECT instance, acked_seq FROM nodes WHERE name=?", (name,)).fetchone()
         devices_json = json.dumps([d.model_dump() for d in devices])
         now = time.time()
         if row is None:
             self.db.execute(
-                "INSERT INTO nodes(name, state, devices_json, instance, acked_seq, heartbeat_at) VALUES (?,?,?,?,0,?)",
-                (name, NodeState.READY.value, devices_json, instance, now),
+                "INSERT INTO nodes(name, state, devices_json, instance, acked_seq, heartbeat_at, address) "
+                "VALUES (?,?,?,?,0,?,?)",
+                (name, NodeState.READY.value, devices_json, instance, now, address),
             )
             return 0
         acked = row[1] if row[0] == instance else 0
         state = self.node_state(name)
         new_state = NodeState.DRAINING if state == NodeState.DRAINING else NodeState.READY
         self.db.execute(
-            "UPDATE nodes SET state=?, devices_json=?, instance=?, acked_seq=?, heartbeat_at=? WHERE name=?",
-            (new_state.value, devices_json, instance, acked, now, name),
+            "UPDATE nodes SET state=?, devices_json=?, instance=?, acked_seq=?, heartbeat_at=?, address=? WHERE name=?",
+            (new_state.value, devices_json, instance, acked, now, address, name),
         )
         return acked
 
@@ -291,15 +293,16 @@ class Store:
         return row[0] if row else 0
 
     def nodes(self) -> list[NodeInfo]:
-        rows = self.db.execute("SELECT name, state, devices_json, heartbeat_at FROM nodes ORDER BY name").fetchall()
+        rows = self.db.execute("SELECT name, state, devices_json, heartbeat_at, address FROM nodes ORDER BY name")
         return [
             NodeInfo(
                 name=n,
                 state=NodeState(s),
                 devices=[DeviceInfo(**d) for d in json.loads(dj)],
                 heartbeat_at=hb,
+                address=addr,
             )
-            for n, s, dj, hb in rows
+            for n, s, dj, hb, addr in rows.fetchall()
         ]
 
 

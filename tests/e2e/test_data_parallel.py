@@ -136,3 +136,24 @@ def test_resize_errors_say_what_is_possible(client):
     waiting.resize(2, wait=False)
     assert waiting.wait(120) == JobState.SUCCEEDED
     assert waiting.info.gpus == 2
+
+
+def test_rank_0s_node_address_is_the_rendezvous_for_ranks_on_other_nodes(tmp_path):
+    """Agents report how other nodes reach them; a job's MASTER_ADDR is rank 0's node's address
+    (127.0.0.2 here: another loopback address, so a job that still used 127.0.0.1 by habit would
+    pass only by luck, and one that used the wrong address would hang)."""
+    from singularity_sdk import LocalCluster
+
+    code = ("import os, torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo')\n"
+            "t = torch.ones(1) * (dist.get_rank() + 1)\n"
+            "dist.all_reduce(t)\n"
+            "print(os.environ['MASTER_ADDR'], t.item(), flush=True)\n"
+            "os.environ['MASTER_ADDR'], t.item()")
+    with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "h",
+                      env={"SINGULARITY_AGENT_ADDRESS": "127.0.0.2"}) as cluster, cluster.client() as client:
+        assert {n.address for n in client.nodes()} == {"127.0.0.2"}
+        job = client.submit(code, gpus=2, name="two-nodes")
+        assert job.wait(120) == JobState.SUCCEEDED, job.info.error
+        assert {p.node for p in job.info.placement} == {"node-1", "node-2"}
+        assert job.result() == ("127.0.0.2", 3.0)
