@@ -120,6 +120,10 @@ class Controller:
             self.flag = self._wants_slow_path()
         return request, progress
 
+    def _all_written(self, mine: bool) -> bool:
+        """Whether every rank of the job wrote its part of this checkpoint (one rank: ``mine``)."""
+        return mine
+
     def _checkpoint_written(self) -> None:
         if self.checkpoint_every is not None:
             with self._lock:

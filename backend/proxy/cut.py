@@ -212,6 +212,16 @@ class DistributedController(Controller):
         requested_at = mine[2] if mine is not None else time.monotonic()
         return _Request(decision.then, reason or "consistent cut", requested_at, _agree_on_label(rt.step)), progress
 
+    def _all_written(self, mine: bool) -> bool:
+        """Agree on the outcome: if any rank could not write its part, no rank stops (the set will
+        never be complete) and the job runs on, as a one-rank job does after a failed checkpoint."""
+        import torch
+        import torch.distributed as dist
+
+        ok = torch.tensor([1 if mine else 0], dtype=torch.int64)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        return bool(ok.item())
+
 
 def _agree_on_label(step: int) -> int:
     """The checkpoint's number, the same on every rank: the largest of their step counts.

@@ -320,14 +320,17 @@ class Runtime:
         wait_s = max(0.0, started - request.requested_at)
         label = self.step if request.label is None else request.label
         ctl._emit("checkpoint_started", {"step": label, "reason": request.reason, "then": request.then})
+        failure: Optional[dict] = None
         try:
             ref, nbytes, rebuilt = write_checkpoint(self, boundary, label)
         except CheckpointFailure as e:
-            ctl._emit("checkpoint_failed", {"error": str(e), "variables": e.variables})
-            return
+            failure = {"error": str(e), "variables": e.variables}
         except Exception as e:  # disk full, permissions...: report, keep running
-            ctl._emit("checkpoint_failed", {"error": f"{type(e).__name__}: {e}", "variables": []})
-            return
+            failure = {"error": f"{type(e).__name__}: {e}", "variables": []}
+        if failure is not None:
+            ctl._emit("checkpoint_failed", failure)
+        if not ctl._all_written(failure is None) or failure is not None:
+            return  # every rank of the job runs on: none stops at a checkpoint another rank lacks
         ctl._checkpoint_written()
         ctl._emit("checkpointed", {"step": label, "bytes": nbytes, "seconds": time.monotonic() - started,
                                    "wait_s": wait_s, "path": str(ref.path), "rebuilt": rebuilt})

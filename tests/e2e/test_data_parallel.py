@@ -157,3 +157,21 @@ def test_rank_0s_node_address_is_the_rendezvous_for_ranks_on_other_nodes(tmp_pat
         assert job.wait(120) == JobState.SUCCEEDED, job.info.error
         assert {p.node for p in job.info.placement} == {"node-1", "node-2"}
         assert job.result() == ("127.0.0.2", 3.0)
+
+
+def test_a_rank_that_cannot_be_checkpointed_fails_the_preemption_and_all_ranks_run_on(client, reference):
+    from singularity_sdk.errors import CheckpointFailed
+
+    # Only rank 1 opens a socket, inside the loop (so it cannot be rebuilt by re-running a line).
+    code = source("ddp_train.py").replace(
+        "    time.sleep(",
+        "    if rank == 1 and step == 2:\n        sock = __import__('socket').socket()\n    time.sleep(")
+    job = client.submit(code, gpus=4, env=ENV, name="ddp-unsaveable")
+    wait_for_lines(job, 20)
+    with pytest.raises(CheckpointFailed, match="sock"):
+        job.preempt(timeout=60)
+    assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+    events = list(job.events(follow=False))
+    assert not any(e.type in (EventType.RETRYING, EventType.PREEMPTED) for e in events)
+    assert sorted(e.data["code"] for e in events if e.type == EventType.WORKER_EXITED) == [0, 0, 0, 0]
+    assert (rank_lines(job), job.result()) == reference
