@@ -37,11 +37,12 @@ step times come from the job's own clock, not from when its output reached the S
    definition) and the largest P whose slots each have a core of their own. The CPU the rest of the
    machine used during each window (other sessions' tests) is printed beside it.
 
-CPU "devices": the agent starts every rank with one thread and does not pin it, so on a 2-core
-machine 4 slots are not 4 devices. By default (``--pin``) the job pins every thread of each rank
-to core ``slot mod cores`` (its slot from ``SINGULARITY_PLACEMENT``), which makes a slot one core
-(docs/distributed.md section 7 asks the agent to pin slots; it does not yet). P = 4 on 2 cores is
-then 2 slots per core, oversubscribed, and flagged so in the table.
+CPU "devices": the agent starts every rank with one thread pinned to its slot's cores (on a
+2-core machine with 4 slots: core ``slot mod 2``). The job also pins every thread of each rank
+to core ``slot mod cores`` (its slot from ``SINGULARITY_PLACEMENT``), the same choice, kept from
+before the agent pinned; ``--no-pin`` turns both off (``SINGULARITY_PIN_CPU_SLOTS=0`` for the
+agent) to show what unpinned slots do. P = 4 on 2 cores is 2 slots per core, oversubscribed, and
+flagged so in the table.
 """
 from __future__ import annotations
 
@@ -400,7 +401,7 @@ def report_splice(segments: list[dict[str, Any]], cores: int, pin: bool, floor: 
                 spread.append(f"W={world} P={p}{'' if turns else ' no turns'} {max(xs) / min(xs) - 1:.1%}")
     if spread:
         print("spread of the same configuration's windows (max/min - 1): " + ", ".join(spread))
-    how = f"each rank on core (slot mod {cores})" if pin else "none (as the agent runs ranks)"
+    how = f"each rank on core (slot mod {cores})" if pin else "none (agent pinning off too)"
     print(f"pinning: {how}\n")
 
 
@@ -439,7 +440,8 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     latency: list[tuple[float, list[dict[str, Any]]]] = []
     segments: list[dict[str, Any]] = []
-    with LocalCluster(nodes=1, devices_per_node=4) as cluster, cluster.client() as client:
+    agent_env = {} if args.pin else {"SINGULARITY_PIN_CPU_SLOTS": "0"}
+    with LocalCluster(nodes=1, devices_per_node=4, env=agent_env) as cluster, cluster.client() as client:
         meter = CpuMeter()
         if not args.skip_resize:
             for mb in args.mb:

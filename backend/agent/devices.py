@@ -54,3 +54,14 @@ def discover(devices: Optional[int] = None) -> list[DeviceInfo]:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def slot_cores(slot: int, slots: int, cores: Optional[list[int]] = None) -> list[int]:
+    """The cores a CPU slot stands for: an equal share of this machine's, or one core shared
+    round-robin when there are more slots than cores. A CPU "device" then bounds what its ranks
+    compute, as a GPU would (ranks that share a slot take turns on the same cores)."""
+    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    if slots <= len(cores):
+        per = len(cores) // slots
+        return cores[slot * per:(slot + 1) * per]
+    return [cores[slot % len(cores)]]

@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable, Optional
 from backend.proxy.store import CheckpointStore
 from singularity_sdk.protocol import EXIT_PREEMPTED, DeviceInfo, EventType, StartJob
 
+from .devices import slot_cores
 from .spawner import Spawner
 
 Emit = Callable[[EventType, dict[str, Any]], None]
@@ -29,6 +30,8 @@ Emit = Callable[[EventType, dict[str, Any]], None]
 #: returns extra event data, or raises to turn the report into checkpoint_failed.
 OnCheckpoint = Callable[["JobRun", dict[str, Any]], Awaitable[dict[str, Any]]]
 LINE_LIMIT = 1 << 20
+#: "0" lets workers on CPU slots run on every core (by default a slot's ranks get its cores)
+PIN_ENV = "SINGULARITY_PIN_CPU_SLOTS"
 
 
 @dataclass
@@ -88,6 +91,11 @@ class JobRun:
             "SINGULARITY_CHECKPOINT_DIR": str(self.checkpoint_root / spec.job_id),
             "PYTHONUNBUFFERED": "1",
         })
+        cpu_slots = [d for d in devs if d.kind == "cpu"]
+        if cpu_slots and os.environ.get(PIN_ENV, "1") != "0":
+            slots = sum(1 for d in self.devices.values() if d.kind == "cpu")
+            cores = sorted({c for d in cpu_slots for c in slot_cores(d.index, slots)})
+            env["SINGULARITY_CPUS"] = ",".join(map(str, cores))
         if spec.layout:
             # Device mapping: every rank sees its slot's device as cuda:0 and is alone on its
             # (virtual) node, whatever the placement; ranks that share a slot take turns on it.

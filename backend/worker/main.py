@@ -172,6 +172,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     out_dir = Path(argv[1])
     die_with_parent()
+    cpus = os.environ.get("SINGULARITY_CPUS", "")
+    if cpus:  # a CPU slot's cores (the agent's choice); DataLoader workers inherit them
+        os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
     from backend.proxy import CheckpointStore, Controller, Preempted
 
     rank = int(os.environ.get("RANK", "0"))

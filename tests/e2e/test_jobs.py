@@ -67,6 +67,15 @@ def test_torch_job_runs_with_fixed_threads(client):
     assert job.result(timeout=60) == (1, "", 1, 3.0)
 
 
+def test_a_cpu_slot_pins_its_job_to_the_slots_cores(client):
+    from backend.agent.devices import slot_cores
+
+    job = client.submit("import os\nsorted(os.sched_getaffinity(0))")
+    cores = job.result(timeout=60)
+    (slot,) = job.info.placement[0].devices
+    assert cores == slot_cores(slot, 2)  # the test cluster's nodes have two slots each
+
+
 def test_cancel_running_infinite_loop_within_two_seconds(client):
     job = client.submit("print('looping', flush=True)\nwhile True:\n    pass\n", name="spin")
     pid = None
