@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .client import Client, Job
 from .errors import SingularityError
@@ -171,18 +171,19 @@ def _last_event(job: Job, etype: EventType):
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    with _client(args) as c:
-        job = c.get(args.job).migrate(args.to, args.reason or "", wait=not args.no_wait)
-        last = _last_event(job, EventType.MIGRATED)
-    print(f"{job.id}: {job.state.value}" + (f" ({describe(last)})" if last and not args.no_wait else ""))
-    return 0
+    return _move(args, EventType.MIGRATED, lambda job, wait: job.migrate(args.to, args.reason or "", wait=wait))
 
 
 def cmd_resize(args: argparse.Namespace) -> int:
+    return _move(args, EventType.RESIZED, lambda job, wait: job.resize(args.gpus, args.reason or "", wait=wait))
+
+
+def _move(args: argparse.Namespace, done: EventType, request: Callable[[Job, bool], Job]) -> int:
+    """Request a move, wait for it unless --no-wait, and say where the job stands."""
     with _client(args) as c:
-        job = c.get(args.job).resize(args.gpus, args.reason or "", wait=not args.no_wait)
-        last = _last_event(job, EventType.RESIZED)
-    print(f"{job.id}: {job.state.value}" + (f" ({describe(last)})" if last and not args.no_wait else ""))
+        job = request(c.get(args.job), not args.no_wait)
+        last = _last_event(job, done) if not args.no_wait else None
+    print(f"{job.id}: {job.state.value}" + (f" ({describe(last)})" if last else ""))
     return 0
 
 
