@@ -339,13 +339,18 @@ def _run_engine(script: str, checkpoint_dir: Path, restore: bool) -> int:
     return 0
 
 
-def prepare_rank(threads: Optional[int] = None, reduction: Optional[str] = None) -> None:
-    """Make this process one rank of a job: its slot's cores, a fixed torch thread count
-    (intra-op thread counts change float results, so a rank gets the same count wherever it
-    runs), and the proxy's collective backend in place of the one the code will ask for."""
+def pin_to_slot() -> None:
+    """Run on the cores of this rank's slot (``SINGULARITY_CPUS``), if it was given some; threads
+    and processes started afterwards (DataLoader workers) inherit them."""
     cpus = os.environ.get(CPUS_ENV, "")
     if cpus:
         os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
+
+
+def prepare_rank(threads: Optional[int] = None, reduction: Optional[str] = None) -> None:
+    """Make this process one rank of a job: a fixed torch thread count (intra-op thread counts
+    change float results, so a rank gets the same count wherever it runs), and the proxy's
+    collective backend in place of the one the code will ask for."""
     if threads is None:
         threads = int(os.environ.get(THREADS_ENV, "1") or 1)
     import torch
@@ -375,6 +380,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     if ns.script is None:
         parser.error("SCRIPT is required")
+    pin_to_slot()
     prepare_rank(ns.threads, ns.reduction)
     script = str(Path(ns.script).resolve())
     sys.argv = [script, *ns.args]

@@ -172,10 +172,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     out_dir = Path(argv[1])
     die_with_parent()
-    cpus = os.environ.get("SINGULARITY_CPUS", "")
-    if cpus:  # a CPU slot's cores (the agent's choice); DataLoader workers inherit them
-        os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
     from backend.proxy import CheckpointStore, Controller, Preempted
+    from backend.proxy.launch import pin_to_slot
+
+    pin_to_slot()  # a CPU slot's cores, as the agent chose them
 
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
