@@ -72,14 +72,21 @@ class BaseClient:
     def submit_body(code: Code, args: tuple, kwargs: Optional[dict], *, gpus: int, sla: Union[str, SLA],
                     name: Optional[str], ranks: Optional[int], checkpoint_every: Optional[float],
                     env: Optional[dict[str, str]], filename: Optional[str],
-                    inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None) -> dict[str, Any]:
-        """Build a validated submit request from a source string, a script path or a callable."""
-        fields: dict[str, Any] = dict(gpus=gpus, sla=sla, name=name, ranks=ranks,
+                    inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None,
+                    argv: Optional[list[str]] = None, workdir: Union[str, Path, None] = None) -> dict[str, Any]:
+        """Build a validated submit request from a source string, a script path or a callable.
+
+        ``argv`` becomes the job's ``sys.argv[1:]``; ``workdir`` (default: the current directory)
+        is where it runs, as ``python script.py ARGS`` run from there would."""
+        folder = os.path.abspath(workdir if workdir is not None else os.getcwd())
+        fields: dict[str, Any] = dict(gpus=gpus, sla=sla, name=name, ranks=ranks, workdir=folder,
                                       checkpoint_every=checkpoint_every, env=env or {}, outputs=list(outputs or []))
+        if argv is not None:
+            fields["args"] = argv
         if inputs:
             fields["inputs_b64"] = base64.b64encode(pickle_inputs(inputs)).decode()
         if isinstance(code, Path):
-            fields.update(source=code.read_text(), filename=filename or code.name, name=name or code.stem)
+            fields.update(source=code.read_text(), filename=filename or script_name(code, folder), name=name or code.stem)
         elif isinstance(code, str):
             fields.update(source=code, filename=filename or "<cell>")
         elif callable(code):
@@ -98,6 +105,13 @@ class BaseClient:
             message, field = describe_validation_error(exc)
             raise InvalidRequest(422, message, field) from None
         return request.model_dump(mode="json", exclude_none=True)
+
+
+def script_name(path: Path, folder: str) -> str:
+    """The script as ``sys.argv[0]``: relative to the job's folder when inside it, else absolute."""
+    full = os.path.abspath(path)
+    rel = os.path.relpath(full, folder)
+    return full if rel.startswith(os.pardir + os.sep) or rel == os.pardir else rel
 
 
 def _is_users_own_module(module: Any) -> bool:

@@ -145,14 +145,15 @@ class AsyncClient(BaseClient):
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
         return await self._request("POST", path, json=body)
 
-    async def submit(self, code: Code, *args: Any, gpus: int = 1, sla: Union[str, SLA] = "standard",
+    async def submit(self, code: Code, *fn_args: Any, gpus: int = 1, sla: Union[str, SLA] = "standard",
                      name: Optional[str] = None, ranks: Optional[int] = None,
                      checkpoint_every: Optional[float] = None, env: Optional[dict[str, str]] = None,
                      filename: Optional[str] = None, kwargs: Optional[dict[str, Any]] = None,
-               inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None) -> AsyncJob:
-        body = self.submit_body(code, args, kwargs, gpus=gpus, sla=sla, name=name, ranks=ranks,
+                     inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None,
+                     args: Optional[list[str]] = None, workdir: Union[str, Path, None] = None) -> AsyncJob:
+        body = self.submit_body(code, fn_args, kwargs, gpus=gpus, sla=sla, name=name, ranks=ranks,
                                 checkpoint_every=checkpoint_every, env=env, filename=filename,
-                                inputs=inputs, outputs=outputs)
+                                inputs=inputs, outputs=outputs, argv=args, workdir=workdir)
         return AsyncJob(self, JobInfo.model_validate(await self._post("/jobs", body)))
 
     async def get(self, job_id: str) -> AsyncJob:

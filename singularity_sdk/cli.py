@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ._base import script_name
 from .client import Client, Job
 from .errors import SingularityError
 from .protocol import SLA, EventType, JobState
@@ -46,7 +48,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         path = Path(args.file)
         if not path.is_file():
             raise SingularityError(f"no such file: {args.file}")
-        source, filename = path.read_text(), path.name
+        source, filename = path.read_text(), script_name(path, os.getcwd())
     env = {}
     for item in args.env:
         key, sep, value = item.partition("=")
@@ -55,7 +57,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         env[key] = value
     with _client(args) as c:
         job = c.submit(source, gpus=args.gpus, sla=args.sla, name=args.name or Path(filename).stem,
-                       ranks=args.ranks, checkpoint_every=args.checkpoint_every, filename=filename, env=env)
+                       ranks=args.ranks, checkpoint_every=args.checkpoint_every, filename=filename, env=env,
+                       args=args.script_args)
         if args.wait:
             for ev in job.events():
                 if not args.json:
@@ -265,7 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("agent", help="run a node agent (see 'singularityctl agent --help')", add_help=False)
 
-    s = add("submit", help="submit a script (or - for stdin)")
+    s = add("submit", help="submit a script (or - for stdin); 'submit FILE [options] -- ARGS...' passes "
+                           "ARGS as its sys.argv[1:]; it runs in the current directory")
     s.add_argument("file")
     s.add_argument("--gpus", type=int, default=1)
     s.add_argument("--ranks", type=int, default=None, help="processes (default: one per device)")
@@ -370,7 +374,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     # 'agent' has its own parser (shared with 'python -m backend.agent'): hand it the rest.
     if argv[:1] == ["agent"]:
         return cmd_agent(argv[1:])
+    # 'submit FILE [options] -- ARGS...': everything after the first '--' is the script's own argv.
+    script_args: list[str] = []
+    if argv[:1] == ["submit"] and "--" in argv:
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    args.script_args = script_args
     try:
         return args.fn(args)
     except SingularityError as exc:

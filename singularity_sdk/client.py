@@ -154,15 +154,19 @@ class Client(BaseClient):
         return self._request("POST", path, json=body)
 
     # -- API
-    def submit(self, code: Code, *args: Any, gpus: int = 1, sla: Union[str, SLA] = "standard",
+    def submit(self, code: Code, *fn_args: Any, gpus: int = 1, sla: Union[str, SLA] = "standard",
                name: Optional[str] = None, ranks: Optional[int] = None, checkpoint_every: Optional[float] = None,
                env: Optional[dict[str, str]] = None, filename: Optional[str] = None,
                kwargs: Optional[dict[str, Any]] = None,
-               inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None) -> Job:
-        """Submit source code (str), a script (pathlib.Path) or a callable with ``*args``/``kwargs``."""
-        body = self.submit_body(code, args, kwargs, gpus=gpus, sla=sla, name=name, ranks=ranks,
+               inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None,
+               args: Optional[list[str]] = None, workdir: Union[str, Path, None] = None) -> Job:
+        """Submit source code (str), a script (pathlib.Path) or a callable with ``*fn_args``/``kwargs``.
+
+        ``args`` is the job's ``sys.argv[1:]``; it runs in ``workdir`` (default: the current
+        directory), so relative paths mean what they mean to ``python script.py ARGS`` run here."""
+        body = self.submit_body(code, fn_args, kwargs, gpus=gpus, sla=sla, name=name, ranks=ranks,
                                 checkpoint_every=checkpoint_every, env=env, filename=filename,
-                                inputs=inputs, outputs=outputs)
+                                inputs=inputs, outputs=outputs, argv=args, workdir=workdir)
         return Job(self, JobInfo.model_validate(self._post("/jobs", body)))
 
     def get(self, job_id: str) -> Job:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 PROTOCOL_VERSION = 1
 API_PREFIX = "/api/v1"
@@ -20,6 +20,9 @@ MAX_CODE_BYTES = 4 * 1024 * 1024
 MAX_RESULT_BYTES = 32 * 1024 * 1024
 #: Largest pickled set of notebook variables sent with a job (``inputs_b64``).
 MAX_INPUTS_BYTES = 64 * 1024 * 1024
+#: Most command-line arguments a job may carry (``sys.argv[1:]``), and their total size.
+MAX_ARGS = 4096
+MAX_ARGS_BYTES = 256 * 1024
 #: A worker exits with this code after writing the checkpoint it was asked to stop at.
 EXIT_PREEMPTED = 75
 
@@ -129,6 +132,21 @@ class SubmitRequest(Strict):
     sla: SLA = SLA.STANDARD
     checkpoint_every: Optional[float] = Field(None, gt=0, description="seconds between checkpoints")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for the workers")
+    args: list[str] = Field(default_factory=list, max_length=MAX_ARGS,
+                            description="the script's command-line arguments: sys.argv is [filename, *args]")
+    workdir: Optional[str] = Field(None, max_length=4096, description="absolute path of the folder the job "
+                                   "was submitted from: its working directory wherever the node sees it")
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args_are_strings(cls, value: Any) -> Any:
+        """argv holds strings only: say so plainly instead of pydantic's per-item wording."""
+        if not isinstance(value, (list, tuple)) or not all(isinstance(a, str) for a in value):
+            raise ValueError('must be a list of strings, like ["--lr", "0.1"] (convert numbers with str())')
+        if sum(len(a.encode("utf-8", "surrogatepass")) + 1 for a in value) > MAX_ARGS_BYTES:
+            raise ValueError(f"the arguments exceed {MAX_ARGS_BYTES // 1024} KiB in all; "
+                             f"put long inputs in a file the job reads")
+        return list(value)
 
 
 class JobAction(Strict):
@@ -299,6 +317,8 @@ class StartJob(Strict):
     inputs_b64: Optional[str] = None
     outputs: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    args: list[str] = Field(default_factory=list)
+    workdir: Optional[str] = None
     restore: Optional[str] = Field(None, description="checkpoint to resume from")
     checkpoint_every: Optional[float] = None
     layout: Optional[str] = Field(None, description="jobs of several ranks: the logical ranks of each device "
@@ -356,7 +376,8 @@ def describe_validation_error(exc: ValidationError) -> tuple[str, Optional[str]]
     elif kind == "missing":
         msg = f"missing field '{loc}'"
     else:
-        msg = f"field '{loc}': {first.get('msg', 'invalid value')}"
+        text = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        msg = f"field '{loc}': {text}"
     more = len(exc.errors()) - 1
     if more:
         msg += f" (and {more} more problem{'s' if more > 1 else ''})"

@@ -11,6 +11,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
+from . import context
 from .errors import CheckpointError
 from .rewrite import PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime
@@ -190,6 +191,9 @@ class ResumableProgram:
                                       f"({self.fallback_reason or 'nothing to resume'})")
             rt.restore_started = time.monotonic()
             graph = load_graph(restore, controller.rank, globals_, self.identity)
+            context.restore(graph.get("context"))  # before rebuilds: they may read relative paths
+        else:
+            context.begin()
         if self.fallback_reason and self.kind == "callable":
             warnings.warn(f"{self.fn!r} runs without safe points: {self.fallback_reason}", RuntimeWarning,
                           stacklevel=2)

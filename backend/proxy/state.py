@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import cloudpickle
 
-from . import iterators, lazy, rng
+from . import context, iterators, lazy, rng
 from .errors import CheckpointError, CheckpointFailure
 from .rewrite import PREFIX
 from .store import CheckpointStore
@@ -427,6 +427,7 @@ def _graph(rt: "Runtime", position: list[dict], namespace: dict, saved_locals: O
         "namespace": namespace if in_locals else _without(namespace, rebuild),
         "locals": _without(saved_locals, rebuild) if in_locals else None,
         "rng": rng.capture(full=True),
+        "context": context.capture(),  # argv, cwd, env changes: redone by program.run on restore
         "rebuild": [{"index": i, "names": sorted(n)} for i, n in sorted(by_statement.items())],
         "meta": {"created": time.time(), "rank": rt.ctl.rank, "world_size": rt.ctl.world_size,
                  "python": platform.python_version(),

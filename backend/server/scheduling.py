@@ -130,7 +130,8 @@ class Scheduling:
                 master_addr=master_addr, master_port=master_port,
                 source=row["source"], callable_b64=row["callable_b64"], filename=row["filename"],
                 inputs_b64=row["inputs_b64"], outputs=json.loads(row["outputs_json"]),
-                env=json.loads(row["env_json"]), checkpoint_every=row["checkpoint_every"] or self.config.checkpoint_every,
+                env=json.loads(row["env_json"]), args=json.loads(row["args_json"]), workdir=row["workdir"],
+                checkpoint_every=row["checkpoint_every"] or self.config.checkpoint_every,
                 restore=checkpoint, layout=layout,
             )
             if not self._send(node, msg):

@@ -139,6 +139,9 @@ class Service(AgentSide, Moves, Scheduling):
             raise ServiceError(
                 413, f"the variables sent with the job are {len(req.inputs_b64) * 3 / 4e6:.1f} MB; the limit is "
                      f"{MAX_INPUTS_BYTES / 1e6:.0f} MB. Save large objects to a file the job loads.", "inputs_b64")
+        if req.workdir is not None and not req.workdir.startswith("/"):
+            raise ServiceError(422, f"workdir {req.workdir!r} is not an absolute path; send the absolute path of "
+                                    f"the folder the job runs in (the SDK sends its current directory)", "workdir")
         cap = self.capacity()
         if cap and req.gpus > cap:
             nodes = self.store.nodes()
@@ -160,7 +163,8 @@ class Service(AgentSide, Moves, Scheduling):
                     id=job_id, user=user, name=name, state=JobState.QUEUED.value, sla=req.sla.value,
                     gpus=req.gpus, ranks=world, source=req.source, callable_b64=req.callable_b64,
                     inputs_b64=req.inputs_b64, outputs_json=json.dumps(req.outputs),
-                    filename=req.filename, env_json=json.dumps(req.env), checkpoint_every=req.checkpoint_every,
+                    filename=req.filename, env_json=json.dumps(req.env), args_json=json.dumps(req.args), workdir=req.workdir,
+                    checkpoint_every=req.checkpoint_every,
                     created_at=now, updated_at=now,
                 )
             )

@@ -50,6 +50,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     outputs_skipped_json TEXT,
     filename TEXT NOT NULL,
     env_json TEXT NOT NULL DEFAULT '{}',
+    args_json TEXT NOT NULL DEFAULT '[]',  -- sys.argv[1:] of every rank
+    workdir TEXT,                  -- the folder it was submitted from: its working directory
     checkpoint_every REAL,
     placement_json TEXT NOT NULL DEFAULT '[]',
     attempt INTEGER NOT NULL DEFAULT 0,
@@ -122,7 +124,8 @@ class Store:
         """A home made by an older version lacks newer columns: add them (all have defaults)."""
         for table, name, decl in (("jobs", "held_s", "REAL NOT NULL DEFAULT 0"),
                                   ("jobs", "attained_s", "REAL NOT NULL DEFAULT 0"), ("jobs", "held_since", "REAL"),
-                                  ("nodes", "address", "TEXT")):
+                                  ("nodes", "address", "TEXT"), ("jobs", "args_json", "TEXT NOT NULL DEFAULT '[]'"),
+                                  ("jobs", "workdir", "TEXT")):
             if name not in {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}:
                 self.db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
 

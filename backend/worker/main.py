@@ -72,12 +72,33 @@ def fresh_namespace(filename: str) -> dict[str, Any]:
     return {"__name__": "__main__", "__builtins__": builtins, "__file__": filename, "__doc__": None}
 
 
-def load_program(spec: dict[str, Any]):
+def enter_workdir(spec: dict[str, Any]) -> str:
+    """Run where ``python script.py ARGS`` would have: in the folder the job was submitted
+    from, with ``sys.argv`` = [script, *ARGS] and the script's folder first on ``sys.path``.
+
+    Returns the file name the code runs under (the script's absolute path when it is a file).
+    Without a folder (an older client) the job stays in its per-attempt folder."""
+    filename = spec["filename"]
+    sys.argv = [filename, *spec.get("args", [])]
+    workdir = spec.get("workdir")
+    if not workdir:
+        return filename
+    if not os.path.isdir(workdir):
+        raise FileNotFoundError(
+            f"the job's folder {workdir} (where it was submitted from) does not exist on this node, and the job "
+            f"carries no copy of it; run it on nodes that share that folder, or submit it from a folder they see")
+    os.chdir(workdir)
+    script = filename if filename.startswith("<") else os.path.join(workdir, filename)
+    sys.path[0] = workdir if script.startswith("<") else os.path.dirname(script)
+    return script
+
+
+def load_program(spec: dict[str, Any], filename: str = ""):
     """The submitted code as a ResumableProgram: a cell/script, or a callable and its arguments."""
     from backend.proxy import ResumableProgram
 
     if spec.get("source") is not None:
-        return ResumableProgram.from_source(spec["source"], spec["filename"])
+        return ResumableProgram.from_source(spec["source"], filename or spec["filename"])
     import base64
 
     import cloudpickle
@@ -170,7 +191,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Plain JSON, not the pydantic model: importing the SDK would add ~100 ms to every start.
     spec = json.loads(Path(argv[0]).read_text())
-    out_dir = Path(argv[1])
+    out_dir = Path(argv[1]).resolve()  # the job may chdir: every path of ours is absolute
     die_with_parent()
     from backend.proxy import CheckpointStore, Controller, Preempted
     from backend.proxy.launch import pin_to_slot
@@ -180,9 +201,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     filename = spec["filename"]
-    sys.argv = [filename]
     channel = ControlChannel()
-    store = CheckpointStore(Path(os.environ.get("SINGULARITY_CHECKPOINT_DIR", out_dir / "checkpoints")))
+    store = CheckpointStore(Path(os.environ.get("SINGULARITY_CHECKPOINT_DIR", out_dir / "checkpoints")).resolve())
+    try:
+        filename = enter_workdir(spec)
+    except FileNotFoundError as exc:
+        sys.stderr.write(f"singularity: {exc}\n")
+        (out_dir / "error.txt").write_text(str(exc))
+        return 1
     restore_path: list[str] = []
 
     def on_event(type: str, data: dict[str, Any]) -> None:
@@ -197,7 +223,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                           checkpoint_every=spec.get("checkpoint_every"), on_event=on_event), None
     namespace = fresh_namespace(filename)
     try:
-        program = load_program(spec)
+        program = load_program(spec, filename)
         restore = store.latest() if spec.get("restore") else None
         if spec.get("restore") and restore is None:
             sys.stderr.write(f"singularity: no usable checkpoint under {store.root}; starting from the beginning\n")

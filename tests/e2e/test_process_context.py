@@ -1,0 +1,78 @@
+"""The process context travels with a job: argv, its folder, sibling modules, chdir, env changes.
+
+A real training script (argparse ``-- ARGS``, relative data and output paths, a sibling module,
+an ``os.chdir()`` and an ``os.environ`` change before its loop) is preempted, resumed and migrated
+at seeded random moments; what it printed and every file it wrote must equal, byte for byte, a
+plain ``python train.py ARGS`` run of the same folder.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exactness import PROGRAMS, preempt_and_resume, random_stops, stdout_lines, wait_for_lines
+from singularity_sdk import JobState, LocalCluster
+from singularity_sdk.errors import InvalidRequest
+
+ARGS = ["--steps", "40", "--lr", "0.05", "--run", "runs/first try", "--sleep", "0.03"]
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def plain_run(folder: Path) -> list[str]:
+    """``python train.py ARGS`` in ``folder``, with the thread count a worker gets."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    out = subprocess.run([sys.executable, "train.py", *ARGS], cwd=folder, env=env, capture_output=True,
+                         text=True, timeout=180, check=True).stdout
+    return out.splitlines(keepends=True)
+
+
+def _node_of(job) -> str:
+    return job.refresh().placement[0].node
+
+
+def migrate(job, _i: int) -> None:
+    there = "node-2" if _node_of(job) == "node-1" else "node-1"
+    job.migrate(there, timeout=60)
+
+
+@pytest.mark.parametrize("seed", [int(os.environ.get("CONTEXT_SEED", "11"))])
+def test_script_with_args_files_and_chdir_resumes_exactly(tmp_path, seed):
+    plain, submitted = tmp_path / "plain", tmp_path / "submitted"
+    shutil.copytree(PROGRAMS / "script_job", plain)
+    shutil.copytree(PROGRAMS / "script_job", submitted)
+    expected = plain_run(plain)
+    assert expected[-1] == "saved runs/first try\n"
+
+    with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "h") as cluster, cluster.client() as client:
+        job = client.submit(submitted / "train.py", args=ARGS, workdir=submitted, name="script")
+        interrupts = [preempt_and_resume, migrate, preempt_and_resume, migrate]
+        for i, target in enumerate(random_stops(seed, len(expected), len(interrupts))):
+            wait_for_lines(job, target)
+            if job.refresh().state.is_terminal:
+                break
+            interrupts[i](job, i)
+        assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+        assert stdout_lines(job) == expected
+        moved = {e.data.get("attempt") for e in job.events(follow=False) if e.type.value == "scheduled"}
+        assert len(moved) >= 3  # it really was stopped and started again
+    assert files_of(submitted) == files_of(plain)
+
+
+def test_args_must_be_strings_and_workdir_absolute(client):
+    with pytest.raises(InvalidRequest, match=r"args.*list of strings.*str\(\)"):
+        client.submit("print(1)", args=["--steps", 3])
+    with pytest.raises(InvalidRequest, match="list of strings"):
+        client.submit("print(1)", args="--steps 3")
+    with pytest.raises(InvalidRequest, match="not an absolute path"):  # the SDK sends absolute ones
+        client._post("/jobs", {"source": "print(1)", "workdir": "relative/folder"})
+    with pytest.raises(InvalidRequest, match="list of strings"):  # the server checks as well
+        client._post("/jobs", {"source": "print(1)", "args": [1]})
