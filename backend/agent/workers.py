@@ -97,9 +97,13 @@ class JobRun:
             cores = sorted({c for d in cpu_slots for c in slot_cores(d.index, slots)})
             env["SINGULARITY_CPUS"] = ",".join(map(str, cores))
         if spec.layout:
-            # Device mapping: every rank sees its slot's device as cuda:0 and is alone on its
-            # (virtual) node, whatever the placement; ranks that share a slot take turns on it.
-            env.update({"SINGULARITY_PLACEMENT": spec.layout, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+            # Ranks that share a slot take turns on it. LOCAL_RANK / LOCAL_WORLD_SIZE stay
+            # torchrun's (this job's ranks on this node: "local rank 0 downloads the data" must
+            # hold once per node), except on GPUs: a rank sees only its own device, as cuda:0,
+            # so code that indexes devices by LOCAL_RANK needs 0 there.
+            env["SINGULARITY_PLACEMENT"] = spec.layout
+            if gpus:
+                env.update({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
         return env
 
     async def start(self) -> None:

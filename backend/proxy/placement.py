@@ -93,11 +93,12 @@ class Placement:
         return [slot for slot in self.slots if len(slot) > 1 and 0 < len(inside.intersection(slot)) < len(slot)]
 
     def local_env(self, logical: int) -> dict[str, str]:
-        """torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE: every rank is alone on its (virtual) node.
+        """torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE for ranks that all run on this machine.
 
-        The device map shows each rank exactly one device, as ``cuda:0``, whatever the
-        placement; reporting the slot's real neighbours would let the code see (and depend on)
-        a placement that changes on every resize.
+        They number the job's processes on the machine (code relies on "local rank 0" existing
+        once per node, e.g. to download a data set), not its slots: a resize changes the slots,
+        never the ranks. (The service's GPU ranks get 0 and 1 instead: each sees its one device
+        as ``cuda:0``.)
         """
         self.slot_of(logical)  # validates the rank
-        return {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+        return {"LOCAL_RANK": str(logical), "LOCAL_WORLD_SIZE": str(self.world_size)}

@@ -76,3 +76,32 @@ def test_args_must_be_strings_and_workdir_absolute(client):
         client._post("/jobs", {"source": "print(1)", "workdir": "relative/folder"})
     with pytest.raises(InvalidRequest, match="list of strings"):  # the server checks as well
         client._post("/jobs", {"source": "print(1)", "args": [1]})
+
+
+LOCAL_RANKS = """
+import os
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print(os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"], flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("gpus", [4, 2])
+def test_local_rank_numbers_the_jobs_ranks_on_each_node(client, gpus):
+    """torchrun's meaning: LOCAL_RANK counts this job's ranks on the rank's node from 0, and
+    LOCAL_WORLD_SIZE is how many there are (4 ranks on 4 devices over 2 nodes, or 2 devices)."""
+    job = client.submit(LOCAL_RANKS, gpus=gpus, ranks=4, name=f"local-ranks-{gpus}")
+    assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+    seen = {}
+    for line in stdout_lines(job):
+        rank, local, local_world = map(int, line.split())
+        seen[rank] = (local, local_world)
+    expected = {}
+    for p in job.info.placement:
+        for i, rank in enumerate(sorted(p.ranks)):
+            expected[rank] = (i, len(p.ranks))
+    assert seen == expected and sorted(seen) == [0, 1, 2, 3]
+    if gpus == 4:
+        assert len(job.info.placement) == 2  # both nodes took part
