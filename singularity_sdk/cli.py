@@ -30,7 +30,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from backend.server.main import run
 
     run(args.home, args.host, args.port, args.nodes, args.devices_per_node, args.store, args.checkpoint_every,
-        args.node_timeout, args.policy, args.min_move_interval, args.move_cost)
+        args.node_timeout, args.policy, args.min_move_interval, args.move_cost,
+        checkpoint_timeout=args.checkpoint_timeout)
     return 0
 
 
@@ -58,7 +59,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     with _client(args) as c:
         job = c.submit(source, gpus=args.gpus, sla=args.sla, name=args.name or Path(filename).stem,
                        ranks=args.ranks, checkpoint_every=args.checkpoint_every, filename=filename, env=env,
-                       args=args.script_args)
+                       args=args.script_args, sync_workdir=args.sync_workdir)
         if args.wait:
             for ev in job.events():
                 if not args.json:
@@ -256,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "then keep separate caches")
     s.add_argument("--checkpoint-every", type=float, default=None, metavar="SECONDS",
                    help="cluster default for periodic checkpoints")
+    s.add_argument("--checkpoint-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="a preempt, migrate or resize that finds no safe point this long is answered "
+                        "checkpoint_failed (saying where the job is) and the job runs on")
     s.add_argument("--node-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="a node whose agent is silent this long is lost; its jobs resume elsewhere")
     s.add_argument("--policy", choices=["singularity", "fifo"], default="singularity",
@@ -278,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--checkpoint-every", type=float, default=None, metavar="SECONDS")
     s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="an environment variable for the job's processes (repeatable)")
+    s.add_argument("--sync-workdir", action="store_true",
+                   help="send a copy of the current directory (at most 32 MiB) for nodes that do not see it")
     s.add_argument("--wait", action="store_true", help="stream the job's output and wait for it to end")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_submit)

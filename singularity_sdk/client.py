@@ -82,34 +82,37 @@ class Job(JobBase):
                 raise WaitTimeout(f"job {self.id}: no {goal.value} within {timeout}s")
         self.refresh()
 
-    def preempt(self, reason: str = "", wait: bool = True, timeout: Optional[float] = None) -> "Job":
+    def preempt(self, reason: str = "", wait: bool = True, timeout: Optional[float] = None,
+                checkpoint_timeout: Optional[float] = None) -> "Job":
         """Checkpoint at the next safe point and stop, freeing the devices.
 
         With ``wait``, returns once the job is PREEMPTED (or ended first); raises
-        ``CheckpointFailed`` naming what could not be saved, in which case the job runs on."""
+        ``CheckpointFailed`` naming what could not be saved, or where the job is when it reached
+        no safe point within ``checkpoint_timeout`` (default: the server's), in which case the
+        job runs on."""
         since = (self.refresh()).info.last_seq
-        self._action("preempt", reason)
+        self._action("preempt", reason, **_bound(checkpoint_timeout))
         if wait:
             self._await_event(since, EventType.PREEMPTED, timeout)
         return self
 
     def migrate(self, node: Optional[str] = None, reason: str = "", wait: bool = True,
-                timeout: Optional[float] = None) -> "Job":
+                timeout: Optional[float] = None, checkpoint_timeout: Optional[float] = None) -> "Job":
         """Move the running job to ``node`` (or wherever the scheduler finds room): checkpoint
         here, restore there. With ``wait``, returns once it runs again at its destination."""
         since = (self.refresh()).info.last_seq
-        self._action("migrate", reason, **({"node": node} if node else {}))
+        self._action("migrate", reason, **({"node": node} if node else {}), **_bound(checkpoint_timeout))
         if wait:
             self._await_event(since, EventType.MIGRATED, timeout)
         return self
 
     def resize(self, gpus: int, reason: str = "", wait: bool = True,
-               timeout: Optional[float] = None) -> "Job":
+               timeout: Optional[float] = None, checkpoint_timeout: Optional[float] = None) -> "Job":
         """Run on ``gpus`` devices from now on, keeping the job's ranks (several ranks share a
         device when there are fewer devices than ranks); the code does not notice. With ``wait``,
         returns once the job runs again at its new size (a queued job changes size at once)."""
         since = (self.refresh()).info.last_seq
-        self._action("resize", reason, gpus=gpus)
+        self._action("resize", reason, gpus=gpus, **_bound(checkpoint_timeout))
         if wait and self.info.state.holds_devices:
             self._await_event(since, EventType.RESIZED, timeout)
         return self
@@ -159,14 +162,18 @@ class Client(BaseClient):
                env: Optional[dict[str, str]] = None, filename: Optional[str] = None,
                kwargs: Optional[dict[str, Any]] = None,
                inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None,
-               args: Optional[list[str]] = None, workdir: Union[str, Path, None] = None) -> Job:
+               args: Optional[list[str]] = None, workdir: Union[str, Path, None] = None,
+               sync_workdir: bool = False) -> Job:
         """Submit source code (str), a script (pathlib.Path) or a callable with ``*fn_args``/``kwargs``.
 
         ``args`` is the job's ``sys.argv[1:]``; it runs in ``workdir`` (default: the current
-        directory), so relative paths mean what they mean to ``python script.py ARGS`` run here."""
+        directory), so relative paths mean what they mean to ``python script.py ARGS`` run here;
+        ``sync_workdir=True`` also sends a copy of that folder (at most 32 MiB of files) for nodes
+        that do not see it: the job then runs in the copy, whose files travel with its checkpoints."""
         body = self.submit_body(code, fn_args, kwargs, gpus=gpus, sla=sla, name=name, ranks=ranks,
                                 checkpoint_every=checkpoint_every, env=env, filename=filename,
-                                inputs=inputs, outputs=outputs, argv=args, workdir=workdir)
+                                inputs=inputs, outputs=outputs, argv=args, workdir=workdir,
+                                sync_workdir=sync_workdir)
         return Job(self, JobInfo.model_validate(self._post("/jobs", body)))
 
     def get(self, job_id: str) -> Job:
@@ -202,3 +209,8 @@ class Client(BaseClient):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _bound(checkpoint_timeout: Optional[float]) -> dict[str, float]:
+    """The request body's bound on reaching a safe point, when the caller set one."""
+    return {} if checkpoint_timeout is None else {"checkpoint_timeout": float(checkpoint_timeout)}

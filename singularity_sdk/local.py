@@ -27,7 +27,8 @@ class LocalCluster:
                  port: int = 0, start_timeout: float = 60.0, env: Optional[dict[str, str]] = None,
                  store: Optional[str] = None, node_timeout: Optional[float] = None,
                  checkpoint_every: Optional[float] = None, policy: Optional[str] = None,
-                 min_move_interval: Optional[float] = None, move_cost: Optional[float] = None):
+                 min_move_interval: Optional[float] = None, move_cost: Optional[float] = None,
+                 checkpoint_timeout: Optional[float] = None):
         self.nodes = nodes
         self.devices_per_node = devices_per_node
         self._own_home = home is None
@@ -48,6 +49,8 @@ class LocalCluster:
             self.extra_args += ["--min-move-interval", str(min_move_interval)]
         if move_cost is not None:
             self.extra_args += ["--move-cost", str(move_cost)]
+        if checkpoint_timeout is not None:
+            self.extra_args += ["--checkpoint-timeout", str(checkpoint_timeout)]
         self.proc: Optional[subprocess.Popen] = None
         self.url = ""
         self.token = ""

@@ -23,6 +23,8 @@ MAX_INPUTS_BYTES = 64 * 1024 * 1024
 #: Most command-line arguments a job may carry (``sys.argv[1:]``), and their total size.
 MAX_ARGS = 4096
 MAX_ARGS_BYTES = 256 * 1024
+#: Largest synced copy of a job's folder (its files' sizes summed; backend.proxy.files has the same).
+MAX_WORKDIR_BYTES = 32 * 1024 * 1024
 #: A worker exits with this code after writing the checkpoint it was asked to stop at.
 EXIT_PREEMPTED = 75
 
@@ -98,6 +100,10 @@ class EventType(str, enum.Enum):
     NODE_LOST = "node_lost"
     RETRYING = "retrying"
     WORKER_EXITED = "worker_exited"
+    #: at start: whether and where the job can be interrupted (its safe points), or why not
+    INTERRUPTIBLE = "interruptible"
+    #: what an exact resume depends on (versions, device, settings), and warnings about it
+    EXACTNESS = "exactness"
 
     def __str__(self) -> str:
         return self.value
@@ -136,6 +142,9 @@ class SubmitRequest(Strict):
                             description="the script's command-line arguments: sys.argv is [filename, *args]")
     workdir: Optional[str] = Field(None, max_length=4096, description="absolute path of the folder the job "
                                    "was submitted from: its working directory wherever the node sees it")
+    workdir_b64: Optional[str] = Field(None, description="base64 of a gzip'd tar of that folder: the copy a node "
+                                       "that does not see the folder runs in (at most MAX_WORKDIR_BYTES of files)")
+
 
     @field_validator("args", mode="before")
     @classmethod
@@ -155,6 +164,9 @@ class JobAction(Strict):
     reason: Optional[str] = Field(None, max_length=500)
     node: Optional[str] = None
     gpus: Optional[int] = Field(None, ge=1)
+    checkpoint_timeout: Optional[float] = Field(None, gt=0, le=86400, description=(
+        "seconds the job may take to reach a safe point (preempt, migrate, resize, checkpoint); "
+        "then it answers checkpoint_failed saying where it is, and runs on. Default: the server's"))
 
 
 class CreateUserRequest(Strict):
@@ -319,6 +331,7 @@ class StartJob(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     args: list[str] = Field(default_factory=list)
     workdir: Optional[str] = None
+    workdir_b64: Optional[str] = None
     restore: Optional[str] = Field(None, description="checkpoint to resume from")
     checkpoint_every: Optional[float] = None
     layout: Optional[str] = Field(None, description="jobs of several ranks: the logical ranks of each device "
@@ -343,6 +356,8 @@ class CheckpointJob(Strict):
     attempt: int
     then: Literal["continue", "stop"] = "continue"
     reason: str = ""
+    #: no safe point by then: the rank drops the request and answers checkpoint_failed
+    timeout_s: Optional[float] = None
 
 
 class Ack(Strict):

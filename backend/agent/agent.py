@@ -176,7 +176,8 @@ class Agent:
             elif isinstance(msg, CheckpointJob):
                 run = self.runs.get(msg.job_id)
                 if run and run.spec.attempt == msg.attempt:
-                    run.send_control({"op": "checkpoint", "then": msg.then, "reason": msg.reason})
+                    run.send_control({"op": "checkpoint", "then": msg.then, "reason": msg.reason,
+                                      "timeout_s": msg.timeout_s})
             elif isinstance(msg, Shutdown):
                 log.info("server asked us to stop: %s", msg.reason)
                 self._stop.set()

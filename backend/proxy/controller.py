@@ -30,6 +30,8 @@ class _Request:
     #: the checkpoint's number when the ranks of a job agreed on one (their own safe-point
     #: counts may differ: a loop only rank 0 runs); None = this rank's step
     label: Optional[int] = None
+    #: monotonic time by which a safe point must take it, else it is answered checkpoint_failed
+    deadline: Optional[float] = None
 
 
 def _merge(a: Optional[_Request], b: _Request) -> _Request:
@@ -37,8 +39,9 @@ def _merge(a: Optional[_Request], b: _Request) -> _Request:
     if a is None:
         return b
     upgrade = b.then == "stop" and a.then != "stop"
+    bounds = [d for d in (a.deadline, b.deadline) if d is not None]
     return _Request("stop" if upgrade else a.then, b.reason if upgrade else a.reason,
-                    min(a.requested_at, b.requested_at))
+                    min(a.requested_at, b.requested_at), deadline=min(bounds) if bounds else None)
 
 
 class Controller:
@@ -65,6 +68,8 @@ class Controller:
         self._periodic_due_at = 0.0
         self._trace: Optional[Callable[[int, dict], None]] = None
         self._runtime: Optional["Runtime"] = None
+        #: the thread that runs the program (sampled to say where it is when a request times out)
+        self._thread_id: Optional[int] = None
         #: step of the last safe point passed by the most recent run
         self.last_step = 0
         #: after a restore completed: {"step", "seconds" (load to resumed), "rebuilt": [names]}
@@ -73,10 +78,17 @@ class Controller:
         self._stop_ticker = threading.Event()
 
     # ------------------------------------------------------------------ public
-    def request_checkpoint(self, then: Then = "continue", reason: str = "") -> None:
-        """Checkpoint at the next safe point; ``then='stop'`` makes `run` raise `Preempted` after it."""
+    def request_checkpoint(self, then: Then = "continue", reason: str = "",
+                           timeout_s: Optional[float] = None) -> None:
+        """Checkpoint at the next safe point; ``then='stop'`` makes `run` raise `Preempted` after it.
+
+        With ``timeout_s``, a request no safe point has taken by then is dropped and answered
+        with ``checkpoint_failed`` saying where the program is: a caller never waits on a job
+        stuck in a long library call (the program runs on untouched)."""
         if then not in ("continue", "stop"):
             raise ValueError("then must be 'continue' or 'stop'")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError("timeout_s must be positive seconds")
         rt = self._runtime
         if rt is not None and not rt.program.has_safe_points:
             self._emit("checkpoint_failed", {
@@ -84,9 +96,48 @@ class Controller:
                          "whose source is unavailable): it cannot be checkpointed while it runs",
                 "variables": []})
             return
+        now = time.monotonic()
         with self._lock:
-            self._pending = _merge(self._pending, _Request(then, reason, time.monotonic()))
+            self._pending = _merge(self._pending, _Request(
+                then, reason, now, deadline=None if timeout_s is None else now + timeout_s))
             self.flag = True
+        if timeout_s is not None:
+            self._arm_expiry(timeout_s)
+
+    def _arm_expiry(self, delay: float) -> None:
+        timer = threading.Timer(delay, self._expire)
+        timer.daemon = True
+        timer.start()
+
+    def _expire(self) -> None:
+        """The bound of a pending request passed: drop it and say where the program is."""
+        now = time.monotonic()
+        with self._lock:
+            request = self._pending
+            if request is None or request.deadline is None:
+                return  # a safe point took it in time
+            if request.deadline > now:  # merged with an earlier-armed request: wait for the rest
+                later = request.deadline - now
+            else:
+                self._pending, later = None, None
+                self.flag = self._wants_slow_path()
+        if later is not None:
+            self._arm_expiry(later)
+            return
+        self._report_timeout(request, now)
+
+    def _report_timeout(self, request: _Request, now: float) -> None:
+        from . import where
+
+        rt = self._runtime
+        spot = where.locate(self._thread_id, rt.program.filename) if rt is not None and self._thread_id else {}
+        waited = now - request.requested_at
+        self._emit("checkpoint_failed", {
+            "error": f"no safe point reached within {waited:.0f} s: the job is at {where.describe(spot)}. "
+                     f"Safe points are at the top of the loops the engine instruments (see the job's "
+                     f"'interruptible' event); the job runs on untouched",
+            "variables": [], "timeout": True, "waited_s": round(waited, 3), "where": spot,
+            "then": request.then, "reason": request.reason})
 
     def checkpoint_at_step(self, step: int, then: Then = "stop") -> None:
         """Checkpoint at the first safe point whose step is >= ``step`` (used by the CLI and tests)."""
@@ -107,8 +158,11 @@ class Controller:
 
     def _poll(self, rt: "Runtime") -> tuple[Optional[_Request], bool]:
         now = time.monotonic()
+        expired: Optional[_Request] = None
         with self._lock:
             request, self._pending = self._pending, None
+            if request is not None and request.deadline is not None and now > request.deadline:
+                expired, request = request, None  # answered already (or about to be) as timed out
             if self._at_step is not None and rt.step >= self._at_step[0]:
                 request = _merge(request, _Request(self._at_step[1], f"step {self._at_step[0]}", now))
                 self._at_step = None
@@ -118,6 +172,8 @@ class Controller:
                     request = _Request("continue", "periodic", self._periodic_due_at)
             progress, self._progress_due = self._progress_due, False
             self.flag = self._wants_slow_path()
+        if expired is not None:
+            self._report_timeout(expired, now)
         return request, progress
 
     def _all_written(self, mine: bool) -> bool:
@@ -138,6 +194,7 @@ class Controller:
 
     def _attach(self, rt: "Runtime") -> None:
         self._runtime = rt
+        self._thread_id = threading.get_ident()
         now = time.monotonic()
         if self.checkpoint_every is not None:
             self._next_periodic = now + self.checkpoint_every

@@ -26,6 +26,8 @@ from .controller import Controller, _Request
 
 CONTINUE = 1
 STOP = 2
+#: a rank's request outlived its bound: every rank drops the pending request, none checkpoints
+EXPIRED = 4
 CUT_EVERY_ENV = "SINGULARITY_CUT_EVERY"
 DEFAULT_EVERY = 32
 
@@ -88,6 +90,18 @@ class ConsistentCut:
                 self._requested_at = time.monotonic()
                 self._reason = reason
 
+    def expire(self, requested_at: float) -> bool:
+        """Withdraw this rank's request made at ``requested_at`` (its bound passed); True if it
+        was still pending. The withdrawal travels in the flag word like a request, so every rank
+        drops the request at the same safe point and none checkpoints alone."""
+        with self._cond:
+            if not self._local & (CONTINUE | STOP) or self._requested_at is None \
+                    or self._requested_at > requested_at:
+                return False
+            self._local = EXPIRED
+            self._requested_at = None
+            return True
+
     @property
     def attached(self) -> bool:
         return self._channel is not None
@@ -127,6 +141,10 @@ class ConsistentCut:
             while self._resolved < self._issued:
                 self._cond.wait()
             bits, self._agreed = self._agreed, 0
+            if bits & EXPIRED:  # some rank's bound passed: drop the request everywhere
+                self._local = 0
+                self._requested_at = None
+                return None
             if not bits:
                 return None
             self._local = 0
@@ -196,6 +214,21 @@ class DistributedController(Controller):
         super().__init__(store, rank, world_size, checkpoint_every if rank == 0 else None, on_event)
         self.cut = cut if cut is not None else default_cut()
         self.flag = True
+        self._in_cut: Optional[_Request] = None
+        self._in_cut_at = 0.0
+
+    def _expire(self) -> None:
+        """As for one rank; a request already handed to the cut is withdrawn through it."""
+        super()._expire()
+        request, self._in_cut = self._in_cut, None
+        if request is None or request.deadline is None:
+            return
+        now = time.monotonic()
+        if request.deadline > now:
+            self._in_cut = request
+            self._arm_expiry(request.deadline - now)
+        elif self.cut.expire(self._in_cut_at):
+            self._report_timeout(request, now)
 
     def _wants_slow_path(self) -> bool:
         return True
@@ -204,6 +237,9 @@ class DistributedController(Controller):
         request, progress = super()._poll(rt)
         if request is not None:
             self.cut.request(request.then, request.reason)
+            if request.deadline is not None:
+                # its bound is enforced through the cut from now on
+                self._in_cut, self._in_cut_at = request, time.monotonic()
         mine = self.cut.pending_request
         decision = self.cut.poll(rt.step)
         if decision is None:

@@ -30,7 +30,11 @@ log = logging.getLogger("singularity.server")
 #: Why a job's ranks are being stopped at a checkpoint (moves that a failed checkpoint cancels).
 MOVES = ("preempt", "migrate", "resize")
 #: Agent events that only add to the log (no state change), accepted for the current attempt.
-PASS_THROUGH = {EventType.LOG, EventType.PROGRESS, EventType.TELEMETRY, EventType.CHECKPOINT_STARTED}
+PASS_THROUGH = {EventType.LOG, EventType.PROGRESS, EventType.TELEMETRY, EventType.CHECKPOINT_STARTED,
+                EventType.INTERRUPTIBLE, EventType.EXACTNESS}
+#: What the server waits beyond a move's bound before answering for ranks that said nothing
+#: (a rank whose watchdog cannot run, e.g. a C call holding the GIL): its own answer comes first.
+BACKSTOP_SLACK_S = 10.0
 
 
 class AgentSide:
@@ -106,6 +110,10 @@ class AgentSide:
             out.append((user, self._emit(ae.job_id, type, data, when)))
 
         if ae.type in PASS_THROUGH:
+            if ae.type == EventType.CHECKPOINT_STARTED and row["stop_reason"] in MOVES:
+                # a safe point took the request: writing may take long, the backstop stands down
+                detail = json.loads(row["stop_detail_json"] or "{}")
+                self.store.update_job(ae.job_id, stop_detail_json=json.dumps({**detail, "answered": True}))
             emit(ae.type, ae.data, ae.time)
         elif ae.type == EventType.CHECKPOINTED:
             self.store.update_job(ae.job_id, last_checkpoint_json=json.dumps({**ae.data, "time": ae.time}))
@@ -265,6 +273,32 @@ class AgentSide:
                 self._retry_or_fail(row, why, emit)
         self._publish(info.user, events)
         self._schedule_hook()
+
+    def check_moves(self, now: Optional[float] = None) -> None:
+        """Answer moves whose ranks reached no safe point and said nothing within their bound
+        (plus slack): ``checkpoint_failed``, and the job is RUNNING again. The ranks drop such a
+        request themselves once its bound passes, so none stops later for it."""
+        now = time.time() if now is None else now
+        moving = [JobState.PREEMPTING.value, JobState.MIGRATING.value, JobState.RESIZING.value]
+        for info in self.store.list_jobs(states=moving):
+            row = self.store.job_row(info.id)
+            if row["stop_reason"] not in MOVES or row["moved_at"] is None:
+                continue
+            detail = json.loads(row["stop_detail_json"] or "{}")
+            bound = float(detail.get("checkpoint_timeout") or self.config.checkpoint_timeout_s)
+            if detail.get("answered") or now - row["moved_at"] < bound + BACKSTOP_SLACK_S:
+                continue
+            updates: dict[str, Any] = {"state": JobState.RUNNING.value, "stop_reason": None,
+                                       "stop_detail_json": None}
+            if "request_was" in detail:
+                updates["gpus"] = detail["request_was"]
+            with self.store.tx():
+                self.store.update_job(info.id, **updates)
+                ev = self._emit(info.id, EventType.CHECKPOINT_FAILED, {
+                    "error": f"no rank reached a safe point or answered within {bound:.0f} s; the "
+                             f"{row['stop_reason']} is called off and the job runs on", "variables": [],
+                    "timeout": True})
+            self._publish(info.user, [ev])
 
     def check_nodes(self, now: Optional[float] = None) -> None:
         """Mark nodes whose agent has been silent too long as lost, and move their jobs on."""

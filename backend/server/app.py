@@ -139,14 +139,14 @@ class JobActionHandler(ApiHandler):
     def post(self, job_id: str, action: str) -> None:
         def run() -> None:
             body = self.parse(JobAction)
-            svc, reason = self.service, body.reason or ""
+            svc, reason, bound = self.service, body.reason or "", body.checkpoint_timeout
             handlers = {
                 "cancel": lambda: svc.cancel(self.user, job_id, reason),
-                "preempt": lambda: svc.preempt(self.user, job_id, reason),
+                "preempt": lambda: svc.preempt(self.user, job_id, reason, checkpoint_timeout=bound),
                 "resume": lambda: svc.resume(self.user, job_id),
-                "checkpoint": lambda: svc.checkpoint(self.user, job_id, reason),
-                "migrate": lambda: svc.migrate(self.user, job_id, body.node, reason),
-                "resize": lambda: svc.resize(self.user, job_id, body.gpus, reason),
+                "checkpoint": lambda: svc.checkpoint(self.user, job_id, reason, checkpoint_timeout=bound),
+                "migrate": lambda: svc.migrate(self.user, job_id, body.node, reason, checkpoint_timeout=bound),
+                "resize": lambda: svc.resize(self.user, job_id, body.gpus, reason, checkpoint_timeout=bound),
             }
             if action not in handlers:
                 raise ServiceError(404, f"unknown action '{action}'; valid: {', '.join(handlers)}", "action")

@@ -35,6 +35,9 @@ class ServiceConfig:
     stop_grace_s: float = 1.0
     #: cluster default for jobs that do not set checkpoint_every (None: only on request)
     checkpoint_every: Optional[float] = None
+    #: how long a preempt/migrate/resize/checkpoint may wait for a safe point before the job
+    #: answers checkpoint_failed (saying where it is) and runs on; a request may set its own
+    checkpoint_timeout_s: float = 60.0
     #: the scheduling policy: "singularity" (tiers, preemption, defragmentation) or "fifo"
     policy: str = "singularity"
     #: a job preempted or moved less than this long ago is not moved again (anti-thrash)

@@ -144,6 +144,7 @@ async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int =
             await asyncio.sleep(0.5)
             try:
                 service.check_nodes()
+                service.check_moves()
             except Exception:
                 log.exception("node check failed")
 
@@ -176,10 +177,12 @@ def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node
         store: Optional[str] = None, checkpoint_every: Optional[float] = None,
         node_timeout: float = ServiceConfig.node_timeout_s, policy: str = ServiceConfig.policy,
         min_move_interval: float = ServiceConfig.min_move_interval_s,
-        move_cost: float = ServiceConfig.move_cost_s) -> None:
+        move_cost: float = ServiceConfig.move_cost_s,
+        checkpoint_timeout: float = ServiceConfig.checkpoint_timeout_s) -> None:
     home = Path(home) if home else default_home()
     logging.basicConfig(level=os.environ.get("SINGULARITY_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ServiceConfig(checkpoint_every=checkpoint_every, node_timeout_s=node_timeout, policy=policy,
-                           min_move_interval_s=min_move_interval, move_cost_s=move_cost)
+                           min_move_interval_s=min_move_interval, move_cost_s=move_cost,
+                           checkpoint_timeout_s=checkpoint_timeout)
     asyncio.run(serve(home, host, port, nodes, devices_per_node, config, store))

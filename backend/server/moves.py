@@ -21,18 +21,19 @@ class Moves:
     """Mixed into :class:`~backend.server.service.Service`."""
 
     def preempt(self, user: str, job_id: str, reason: str = "", by: Optional[str] = None,
-                requeue: bool = False) -> JobInfo:
+                requeue: bool = False, checkpoint_timeout: Optional[float] = None) -> JobInfo:
         """Ask the job's ranks to checkpoint at their next safe point and exit; devices are
         freed when all have. A checkpoint that fails leaves the job running (event says why).
         ``requeue``: queue it again at once (scheduler and drain), instead of waiting for resume."""
         info = self._require(user, job_id, JobState.RUNNING, "preempted")
-        detail = {"reason": reason or "preempted by user", "by": by or user, "requeue": requeue}
+        detail = {"reason": reason or "preempted by user", "by": by or user, "requeue": requeue,
+                  "checkpoint_timeout": self._bound(checkpoint_timeout)}
         with self.store.tx():
             self.store.update_job(job_id, state=JobState.PREEMPTING.value, stop_reason="preempt",
                                   stop_detail_json=json.dumps(detail), moved_at=time.time())
             ev = self._emit(job_id, EventType.PREEMPTING, detail)
         self._publish(info.user, [ev])
-        self._checkpoint_everywhere(info, "stop", detail["reason"])
+        self._checkpoint_everywhere(info, "stop", detail["reason"], detail["checkpoint_timeout"])
         return self.store.job_info(job_id)
 
     def resume(self, user: str, job_id: str) -> JobInfo:
@@ -43,11 +44,17 @@ class Moves:
         self._schedule_hook()
         return self.store.job_info(job_id)
 
-    def checkpoint(self, user: str, job_id: str, reason: str = "") -> JobInfo:
+    def checkpoint(self, user: str, job_id: str, reason: str = "",
+                   checkpoint_timeout: Optional[float] = None) -> JobInfo:
         """A checkpoint at the next safe point; the job keeps running."""
         info = self._require(user, job_id, JobState.RUNNING, "checkpointed")
-        self._checkpoint_everywhere(info, "continue", reason or f"requested by {user}")
+        self._checkpoint_everywhere(info, "continue", reason or f"requested by {user}",
+                                    self._bound(checkpoint_timeout))
         return info
+
+    def _bound(self, checkpoint_timeout: Optional[float]) -> float:
+        """The request's bound on reaching a safe point: its own, else the server's."""
+        return float(checkpoint_timeout or self.config.checkpoint_timeout_s)
 
     def _require(self, user: str, job_id: str, state: JobState, verb: str) -> JobInfo:
         info = self.job(user, job_id)
@@ -56,12 +63,13 @@ class Moves:
                                "job_id")
         return info
 
-    def _checkpoint_everywhere(self, info: JobInfo, then: str, reason: str) -> None:
-        for p in info.placement:
-            self._send(p.node, CheckpointJob(job_id=info.id, attempt=info.attempt, then=then, reason=reason))
+    def _checkpoint_everywhere(self, info: JobInfo, then: str, reason: str, timeout_s: float) -> None:
+        for p in {p.node for p in info.placement}:
+            self._send(p, CheckpointJob(job_id=info.id, attempt=info.attempt, then=then, reason=reason,
+                                        timeout_s=timeout_s))
 
     def migrate(self, user: str, job_id: str, to: Optional[str] = None, reason: str = "",
-                by: Optional[str] = None) -> JobInfo:
+                by: Optional[str] = None, checkpoint_timeout: Optional[float] = None) -> JobInfo:
         """Checkpoint the job where it runs, then restore it on ``to`` (or wherever fits)."""
         info = self._require(user, job_id, JobState.RUNNING, "migrated")
         sources = {p.node for p in info.placement}
@@ -78,18 +86,19 @@ class Moves:
             raise ServiceError(409, f"{where} has no room for {info.gpus} device(s) now; free some or drain later",
                                "node")
         detail = {"from": ",".join(sorted(sources)), "to": to, "reason": reason or f"requested by {by or user}",
-                  "by": by or user, "requested_at": time.time()}
+                  "by": by or user, "requested_at": time.time(), "checkpoint_timeout": self._bound(checkpoint_timeout)}
         with self.store.tx():
             self.store.update_job(job_id, state=JobState.MIGRATING.value, stop_reason="migrate",
                                   stop_detail_json=json.dumps(detail), migration_json=json.dumps(detail),
                                   moved_at=time.time())
             ev = self._emit(job_id, EventType.MIGRATING, detail)
         self._publish(info.user, [ev])
-        self._checkpoint_everywhere(info, "stop", detail["reason"])
+        self._checkpoint_everywhere(info, "stop", detail["reason"], detail["checkpoint_timeout"])
         return self.store.job_info(job_id)
 
     def resize(self, user: str, job_id: str, gpus: Optional[int], reason: str = "", by: Optional[str] = None,
-               placement: Optional[dict[str, tuple[int, ...]]] = None) -> JobInfo:
+               placement: Optional[dict[str, tuple[int, ...]]] = None,
+               checkpoint_timeout: Optional[float] = None) -> JobInfo:
         """Run the job on ``gpus`` devices from now on, keeping its ranks: a consistent checkpoint,
         then all ranks restart on the new placement (several ranks per device when fewer devices
         than ranks). A queued or preempted job just changes size. ``placement``: where (the
@@ -104,7 +113,8 @@ class Moves:
                                     f"{', '.join(map(str, valid))} device(s), not {gpus}{hint}", "gpus")
         now_on = sum(len(p.devices) for p in info.placement) if info.state.holds_devices else info.gpus
         detail = {"from": now_on, "to": gpus, "splicing": info.ranks // gpus if gpus < info.ranks else 1,
-                  "reason": reason or f"requested by {by or user}", "by": by or user, "requested_at": time.time()}
+                  "reason": reason or f"requested by {by or user}", "by": by or user, "requested_at": time.time(),
+                  "checkpoint_timeout": self._bound(checkpoint_timeout)}
         # A user's resize changes what the job asks for; the scheduler's (shrink, grow back) only
         # where it runs for now, so the job grows back to its request when devices free up.
         by_user = placement is None
@@ -132,7 +142,7 @@ class Moves:
                                   moved_at=time.time())
             ev = self._emit(job_id, EventType.RESIZING, {k: v for k, v in detail.items() if k != "since_seq"})
         self._publish(info.user, [ev])
-        self._checkpoint_everywhere(info, "stop", detail["reason"])
+        self._checkpoint_everywhere(info, "stop", detail["reason"], detail["checkpoint_timeout"])
         return self.store.job_info(job_id)
 
     def _resize_onwards(self, job_id: str, detail: dict[str, Any]) -> None:

@@ -135,7 +135,9 @@ def listen_for_requests(controller) -> None:
                 except ValueError:
                     continue
                 if msg.get("op") == "checkpoint":
-                    controller.request_checkpoint(msg.get("then", "continue"), msg.get("reason", ""))
+                    timeout = msg.get("timeout_s")
+                    controller.request_checkpoint(msg.get("then", "continue"), msg.get("reason", ""),
+                                                  float(timeout) if timeout else None)
 
     threading.Thread(target=loop, name="singularity-control", daemon=True).start()
 
@@ -241,6 +243,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 from backend.proxy.collectives import restore_process_group
 
                 restore_process_group()  # the namespace's DDP modules attach to it as they load
+        if rank == 0 and restore is None:  # before the first preemption, say whether one can succeed
+            from backend.proxy.interruptible import report
+
+            on_event("interruptible", report(program))
         listen_for_requests(controller)
         value = program.run(namespace, controller, restore)
     except Preempted:

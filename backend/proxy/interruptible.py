@@ -1,0 +1,100 @@
+"""Whether and where a program can be interrupted, told before anyone tries.
+
+A preempt waits for a safe point; a program whose loops all run inside functions the rewrite
+does not instrument has none in its loops, and its user should learn that at start, not from a
+first preemption that times out. The answer is derived from what the rewrite actually tracked
+(``ResumableProgram.nodes``), so it follows the rewrite as it learns to instrument more code:
+a loop is a safe point here exactly when the rewrite made it one.
+"""
+from __future__ import annotations
+
+import ast
+import linecache
+from typing import Any, Optional
+
+#: at most this many locations are listed in the event (the count is always given)
+MAX_LISTED = 20
+
+
+def _source_tree(program: Any) -> Optional[ast.AST]:
+    """The submitted code as the rewrite saw it (its lines are the tracked nodes' lines)."""
+    if program.kind == "source":
+        text = "".join(linecache.getlines(program.filename))
+        try:
+            return ast.parse(text) if text else None
+        except SyntaxError:
+            return None
+    statements = getattr(program, "statements", None) or []
+    return ast.Module(body=[s.node for s in statements], type_ignores=[])
+
+
+def _loops(tree: ast.AST) -> list[tuple[int, str, Optional[str]]]:
+    """Every ``for``/``while`` of the code: (line, kind, name of the innermost enclosing def)."""
+    out: list[tuple[int, str, Optional[str]]] = []
+
+    def walk(node: ast.AST, scope: Optional[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = scope
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inner = child.name if scope is None else f"{scope}.{child.name}"
+            elif isinstance(child, ast.ClassDef):
+                inner = child.name if scope is None else f"{scope}.{child.name}"
+            elif isinstance(child, (ast.For, ast.While, ast.AsyncFor)):
+                out.append((child.lineno, "while" if isinstance(child, ast.While) else "for", scope))
+            walk(child, inner)
+
+    walk(tree, None)
+    return out
+
+
+def _top_level_calls(tree: ast.AST, names: set[str]) -> dict[str, list[int]]:
+    """Lines of the top-level statements that call one of ``names`` (``main()``)."""
+    found: dict[str, list[int]] = {}
+    for stmt in getattr(tree, "body", []):
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call):
+                fn = node.func
+                name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else None
+                if name in names and node.lineno not in found.setdefault(name, []):
+                    found[name].append(node.lineno)
+    return found
+
+
+def report(program: Any) -> dict[str, Any]:
+    """The ``interruptible`` event: safe-point loops, loops that are not safe points, and a message."""
+    nodes = list(program.nodes.values())
+    instrumented = {(n.line, n.kind) for n in nodes if n.kind in ("for", "while")}
+    boundaries = sum(1 for n in nodes if n.kind == "boundary")
+    tree = _source_tree(program)
+    loops = _loops(tree) if tree is not None else [(line, kind, None) for line, kind in sorted(instrumented)]
+    scope_of = {(line, kind): scope for line, kind, scope in loops}
+    safe = [{"line": n.line, "kind": n.kind,
+             "function": getattr(n, "function", None) or scope_of.get((n.line, n.kind))}
+            for n in sorted(nodes, key=lambda n: n.line) if n.kind in ("for", "while")]
+    missed = [{"line": line, "kind": kind, "function": scope} for line, kind, scope in loops
+              if (line, kind) not in instrumented]
+    name = program.filename
+    out: dict[str, Any] = {"interruptible": bool(safe), "safe_points": safe[:MAX_LISTED], "loops": len(safe),
+                           "boundaries": boundaries, "not_safe_points": missed[:MAX_LISTED]}
+    if safe:
+        lines = ", ".join(str(s["line"]) for s in safe[:MAX_LISTED])
+        out["message"] = (f"interruptible: a safe point at the top of each iteration of the loops at "
+                          f"{name} line(s) {lines}" + (f"; {len(missed)} other loop(s) run to completion "
+                                                        f"first" if missed else ""))
+    elif missed:
+        funcs = {m["function"].split(".")[0] for m in missed if m["function"]}
+        callers = _top_level_calls(tree, funcs) if tree is not None else {}
+        where = ", ".join(f"{m['line']}" + (f" (in {m['function']})" if m["function"] else "")
+                          for m in missed[:MAX_LISTED])
+        called = sorted({line for lines in callers.values() for line in lines})
+        out["called_from"] = {k: v for k, v in sorted(callers.items())}
+        out["message"] = (f"no safe point: the loops at {name} line(s) {where} run inside functions"
+                          + (f" called from line(s) {', '.join(map(str, called))}" if called else "")
+                          + "; a preempt, migrate or resize waits up to its bound for a safe point, then "
+                            "answers checkpoint_failed saying where the job is, and the job runs on")
+    else:
+        out["message"] = ("no loops: safe points only between top-level statements" if boundaries
+                          else "no safe point: the job cannot be checkpointed while it runs")
+    return out
