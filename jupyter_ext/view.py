@@ -72,6 +72,10 @@ class JobView:
         self.cancel_requested = False
         self.splicing: Optional[float] = None
         self.checkpoint: Optional[dict[str, Any]] = None
+        #: the job's ``interruptible`` report (whether and where it has safe points)
+        self.interruptible: Optional[dict[str, Any]] = None
+        #: warnings about what could make a resume inexact (``exactness`` event)
+        self.exactness_warnings: list[str] = []
         self.timeline: deque[TimelineEntry] = deque(maxlen=max_timeline)
         self.logs: deque[str] = deque(maxlen=max_log_lines)
         self.log_lines = 0
@@ -115,8 +119,9 @@ class JobView:
         if t == EventType.TELEMETRY:
             return
         new_state = STATE_AFTER.get(t)
-        if t == EventType.CHECKPOINT_FAILED and self.state == JobState.PREEMPTING:
-            new_state = JobState.RUNNING  # the preemption was refused; the job runs on
+        if t == EventType.CHECKPOINT_FAILED and self.state in (JobState.PREEMPTING, JobState.MIGRATING,
+                                                               JobState.RESIZING):
+            new_state = JobState.RUNNING  # the move was refused or timed out; the job runs on
         if new_state is not None:
             self.state = new_state
         if t == EventType.SUBMITTED:
@@ -137,6 +142,10 @@ class JobView:
             self.checkpoint = dict(d, time=ev.time)
         elif t == EventType.CANCEL_REQUESTED:
             self.cancel_requested = True
+        elif t == EventType.INTERRUPTIBLE:
+            self.interruptible = dict(d)
+        elif t == EventType.EXACTNESS:
+            self.exactness_warnings = list(d.get("warnings") or [])
         elif t == EventType.FAILED:
             self.error = d.get("error") or self.error
         if t in (EventType.CHECKPOINTED, EventType.PREEMPTED, EventType.RESUMED) and d.get("step") is not None:
@@ -194,8 +203,18 @@ class JobView:
             parts.append(f"last checkpoint at step {self.checkpoint.get('step')}")
         return " - ".join(parts) if parts else "waiting to start"
 
+    def interruptible_text(self) -> str:
+        """What a user should know before the first preemption ("" when nothing was reported)."""
+        parts = []
+        if self.interruptible is not None:
+            parts.append(str(self.interruptible.get("message", "")))
+        parts += [f"exactness: {w}" for w in self.exactness_warnings]
+        return "; ".join(p for p in parts if p)
+
     def summary(self) -> str:
-        return f"{self.name} ({self.id}): {self.state.value}; {self.placement_text()}; {self.progress_text()}"
+        extra = self.interruptible_text()
+        return (f"{self.name} ({self.id}): {self.state.value}; {self.placement_text()}; {self.progress_text()}"
+                + (f"; {extra}" if extra else ""))
 
 
 def _clock(seconds: float) -> str:

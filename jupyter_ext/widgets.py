@@ -175,7 +175,15 @@ class JobWidget(W.VBox):
             self.say(v.error.strip().splitlines()[-1], error=True)
 
     def _progress_html(self) -> str:
-        return f'<span class="singularity-progress" style="color:#374151">progress: {html.escape(self.view.progress_text())}</span>'
+        text = f'<span class="singularity-progress" style="color:#374151">progress: {html.escape(self.view.progress_text())}</span>'
+        info = self.view.interruptible
+        if info is not None or self.view.exactness_warnings:
+            color = "#374151" if info is None or info.get("interruptible") else "#b45309"
+            if self.view.exactness_warnings:
+                color = "#b45309"
+            text += (f'<br><span class="singularity-interruptible" style="color:{color}">'
+                     f'{html.escape(self.view.interruptible_text())}</span>')
+        return text
 
     def _timeline_html(self) -> str:
         rows = list(self.view.timeline)[-TIMELINE_ROWS:]

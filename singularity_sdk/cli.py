@@ -96,6 +96,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     with _client(args) as c:
         job = c.get(args.job)
+        notes = [] if args.json else _before_moving(job)
     if args.json:
         _print_json(job.info.model_dump(mode="json"))
         return 0
@@ -106,7 +107,26 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  attempt {info.attempt}, created {time.ctime(info.created_at)}, events {info.last_seq}")
     if info.error:
         print("  error:\n" + "\n".join("    " + line for line in info.error.splitlines()))
+    for line in notes:
+        print(f"  {line}")
     return 0
+
+
+def _before_moving(job: Any) -> list[str]:
+    """What the job said at start about being moved: where it can be interrupted, and what an
+    exact resume depends on (the latest report of each)."""
+    from .render import exactness_text
+
+    latest: dict[EventType, Any] = {}
+    for ev in job.events(follow=False):
+        if ev.type in (EventType.INTERRUPTIBLE, EventType.EXACTNESS):
+            latest[ev.type] = ev
+    out = []
+    if EventType.INTERRUPTIBLE in latest:
+        out.append(f"interruptible: {latest[EventType.INTERRUPTIBLE].data.get('message', '')}")
+    if EventType.EXACTNESS in latest:
+        out.append(f"exactness: {exactness_text(latest[EventType.EXACTNESS].data)}")
+    return out
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

@@ -89,7 +89,20 @@ def describe(ev: Event) -> str:
         return f"retrying as attempt {d.get('attempt')}: {d.get('why', '')}"
     if t == EventType.PROGRESS:
         return f"progress: step {d.get('step')}"
+    if t == EventType.INTERRUPTIBLE:
+        return str(d.get("message") or ("interruptible" if d.get("interruptible") else "no safe point"))
+    if t == EventType.EXACTNESS:
+        return exactness_text(d)
     return f"{t.value} {d}"
+
+
+def exactness_text(d: dict[str, Any]) -> str:
+    """What an exact resume of the job depends on, and what puts it at risk."""
+    fp = d.get("fingerprint") or {}
+    deps = ", ".join(f"{k} {fp[k]}" for k in ("python", "torch", "numpy", "device") if fp.get(k))
+    warnings = list(d.get("warnings") or [])
+    return (f"resumes exactly where {deps} match" if deps else "exactness") + \
+        ("; WARNING: " + "; ".join(warnings) if warnings else "")
 
 
 def format_event(ev: Event) -> str:

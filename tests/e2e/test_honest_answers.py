@@ -4,6 +4,9 @@ call), the job runs on, and later moves succeed once it reaches a loop. A job sa
 whether and where it can be interrupted."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -115,6 +118,14 @@ def test_start_event_says_where_a_job_can_be_interrupted(bounded):
         # Whatever the rewrite instruments, the report agrees with it: the loop at line 3 is
         # listed exactly once, and a job without a safe-point loop says where its loops run.
         assert sorted(safe + missed) == [3]
+        # `singularityctl show` tells it too
+        env = {**os.environ, "SINGULARITY_HOME": str(bounded.home)}
+        env.pop("SINGULARITY_URL", None)
+        env.pop("SINGULARITY_TOKEN", None)
+        shown = subprocess.run([sys.executable, "-m", "singularity_sdk.cli", "show", job.id], env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert f"interruptible: {info['message']}" in shown.stdout
         if missed:
             assert info["interruptible"] is False
             assert "line(s) 3 (in main)" in info["message"] and "called from line(s) 7" in info["message"]

@@ -19,6 +19,11 @@ STORY = [
     (EventType.SUBMITTED, {"user": "ada", "name": "finetune", "gpus": 4, "ranks": 4, "sla": "basic", "kind": "source"}),
     (EventType.SCHEDULED, {"attempt": 1, "placement": P1, "reason": "fifo"}),
     (EventType.STARTED, {"node": "node-1", "ranks": [0, 1], "pids": {"0": 11, "1": 12}, "devices": [0, 1], "attempt": 1}),
+    (EventType.INTERRUPTIBLE, {"interruptible": False, "safe_points": [], "not_safe_points": [
+        {"line": 3, "kind": "for", "function": "main"}], "called_from": {"main": [9]},
+        "message": "no safe point: the loops at train.py line(s) 3 (in main) run inside functions called from line(s) 9"}),
+    (EventType.EXACTNESS, {"fingerprint": {"python": "3.11.7", "torch": "2.4.0", "device": "NVIDIA H200"},
+                           "warnings": ["torch.backends.cudnn.benchmark is on"]}),
     (EventType.LOG, {"rank": 0, "stream": "stdout", "line": "epoch 0\n"}),
     (EventType.LOG, {"rank": 1, "stream": "stderr", "line": "warning: slow\n"}),
     (EventType.PROGRESS, {"step": 10, "loops": [10]}),
@@ -116,6 +121,9 @@ def test_widget_renders_every_event_type():
         if t not in QUIET:
             assert f">{t.value}</td>" in w.timeline.value, t
     assert "cancelled" in w.header.value and "epoch 0" in w.logs.value
+    # what a user should know before the first preemption stays in view, not only in the timeline
+    assert "no safe point: the loops at train.py line(s) 3 (in main)" in w.progress.value
+    assert "cudnn.benchmark is on" in w.progress.value
     assert all(b.disabled for b in w.buttons.values())
     assert w._repr_mimebundle_()["text/plain"].startswith("finetune (j-000001): cancelled")
     for end, data in OTHER_ENDS:
