@@ -73,16 +73,20 @@ class BaseClient:
                     name: Optional[str], ranks: Optional[int], checkpoint_every: Optional[float],
                     env: Optional[dict[str, str]], filename: Optional[str],
                     inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None,
-                    argv: Optional[list[str]] = None, workdir: Union[str, Path, None] = None) -> dict[str, Any]:
+                    argv: Optional[list[str]] = None, workdir: Union[str, Path, None] = None,
+                    sync_workdir: bool = False) -> dict[str, Any]:
         """Build a validated submit request from a source string, a script path or a callable.
 
         ``argv`` becomes the job's ``sys.argv[1:]``; ``workdir`` (default: the current directory)
-        is where it runs, as ``python script.py ARGS`` run from there would."""
+        is where it runs, as ``python script.py ARGS`` run from there would. ``sync_workdir``
+        sends a copy of it for nodes that do not see it (size-capped)."""
         folder = os.path.abspath(workdir if workdir is not None else os.getcwd())
         fields: dict[str, Any] = dict(gpus=gpus, sla=sla, name=name, ranks=ranks, workdir=folder,
                                       checkpoint_every=checkpoint_every, env=env or {}, outputs=list(outputs or []))
         if argv is not None:
             fields["args"] = argv
+        if sync_workdir:
+            fields["workdir_b64"] = base64.b64encode(pack_workdir(folder)).decode()
         if inputs:
             fields["inputs_b64"] = base64.b64encode(pickle_inputs(inputs)).decode()
         if isinstance(code, Path):
@@ -105,6 +109,16 @@ class BaseClient:
             message, field = describe_validation_error(exc)
             raise InvalidRequest(422, message, field) from None
         return request.model_dump(mode="json", exclude_none=True)
+
+
+def pack_workdir(folder: str) -> bytes:
+    """The job's folder as the synced copy, or InvalidRequest naming the cap before any upload."""
+    from backend.proxy.files import WorkdirTooLarge, pack
+
+    try:
+        return pack(folder)
+    except WorkdirTooLarge as exc:
+        raise InvalidRequest(413, str(exc), "workdir_b64") from None
 
 
 def script_name(path: Path, folder: str) -> str:

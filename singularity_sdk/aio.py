@@ -150,10 +150,12 @@ class AsyncClient(BaseClient):
                      checkpoint_every: Optional[float] = None, env: Optional[dict[str, str]] = None,
                      filename: Optional[str] = None, kwargs: Optional[dict[str, Any]] = None,
                      inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None,
-                     args: Optional[list[str]] = None, workdir: Union[str, Path, None] = None) -> AsyncJob:
+                     args: Optional[list[str]] = None, workdir: Union[str, Path, None] = None,
+                     sync_workdir: bool = False) -> AsyncJob:
         body = self.submit_body(code, fn_args, kwargs, gpus=gpus, sla=sla, name=name, ranks=ranks,
                                 checkpoint_every=checkpoint_every, env=env, filename=filename,
-                                inputs=inputs, outputs=outputs, argv=args, workdir=workdir)
+                                inputs=inputs, outputs=outputs, argv=args, workdir=workdir,
+                                sync_workdir=sync_workdir)
         return AsyncJob(self, JobInfo.model_validate(await self._post("/jobs", body)))
 
     async def get(self, job_id: str) -> AsyncJob:

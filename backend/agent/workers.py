@@ -89,6 +89,8 @@ class JobRun:
             "SINGULARITY_ATTEMPT": str(spec.attempt),
             "SINGULARITY_DEVICES": json.dumps([d.model_dump() for d in devs]),
             "SINGULARITY_CHECKPOINT_DIR": str(self.checkpoint_root / spec.job_id),
+            # synced copies of jobs' folders (backend/worker/workdir.py), under the agent's home
+            "SINGULARITY_WORKDIR_ROOT": str((self.run_dir.parent.parent / "workdirs").resolve()),
             "PYTHONUNBUFFERED": "1",
         })
         cpu_slots = [d for d in devs if d.kind == "cpu"]

@@ -5,7 +5,8 @@ job's folder. What the job itself changed since it began (``os.chdir()``, ``os.e
 ``sys.argv`` edits) lives only in the old process, so it is captured with every checkpoint and
 redone before the restored code continues. The working directory is stored relative to the
 job's folder when it lies inside it, so it still resolves when the folder is a synced copy at
-another path on another node.
+another path on another node. When the job runs in such a copy, the copy's files travel in the
+checkpoint too (`files`), and a restore rolls the copy back to them.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import os
 import sys
 from typing import Any, Optional
 
-from .errors import CheckpointError
+from . import files
+from .errors import CheckpointError, CheckpointFailure
 
 #: Variables the service sets for each attempt (placement, devices, rendezvous): a restored job
 #: gets the new attempt's values even if it had overwritten them.
@@ -21,6 +23,13 @@ SERVICE_KEYS = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
                           "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS"})
 
 _start: dict[str, Any] = {}
+#: the synced copy whose files travel in this process's checkpoints (None: a folder nodes share)
+_carried: dict[str, Optional[str]] = {"folder": None}
+
+
+def carry_files(folder: Optional[str]) -> None:
+    """Put the contents of ``folder`` (the job's synced copy) in every checkpoint from now on."""
+    _carried["folder"] = folder
 
 
 def begin() -> None:
@@ -52,7 +61,18 @@ def capture() -> dict[str, Any]:
         "cwd_relative": inside,
         "set": {k: v for k, v in env.items() if start_env.get(k) != v and not _ours(k)},
         "unset": sorted(k for k in start_env if k not in env and not _ours(k)),
+        "files": _pack_carried(),
     }
+
+
+def _pack_carried() -> Optional[bytes]:
+    folder = _carried["folder"]
+    if folder is None:
+        return None
+    try:
+        return files.pack(folder)
+    except (files.WorkdirTooLarge, OSError) as exc:
+        raise CheckpointFailure(f"the job's files cannot travel with the checkpoint: {exc}") from exc
 
 
 def restore(context: Optional[dict[str, Any]]) -> None:
@@ -60,6 +80,9 @@ def restore(context: Optional[dict[str, Any]]) -> None:
     if not context:
         return
     base = _baseline()
+    if context.get("files") is not None and _carried["folder"] is not None:
+        # The copy goes back to what it held at the checkpoint, like the program itself.
+        files.unpack(context["files"], _carried["folder"], replace=True)
     target = os.path.join(base["cwd"], context["cwd"]) if context["cwd_relative"] else context["cwd"]
     if not os.path.isdir(target):
         where = f"{context['cwd']!r} inside the job's folder" if context["cwd_relative"] else repr(target)

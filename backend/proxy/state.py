@@ -74,7 +74,8 @@ except AttributeError as _e:  # pragma: no cover
 GRAPH_FORMAT = 1
 #: the first bytes of every file torch.save writes (a zip archive); a plain pickle starts with 0x80
 _ZIP_MAGIC = b"PK\x03\x04"
-_SKIP_NAMES = frozenset({"__builtins__", "__loader__", "__spec__"})
+#: not saved: the restoring process sets its own (``__file__``: the script where it runs now, see context.py)
+_SKIP_NAMES = frozenset({"__builtins__", "__loader__", "__spec__", "__file__"})
 #: (namespace, own): functions whose globals are ``namespace`` are saved bound to it; ``own`` says it is
 #: the program's own namespace (restored from the checkpoint, so everything defined there goes by value)
 _SAVE_NS: contextvars.ContextVar[Optional[tuple[dict, bool]]] = contextvars.ContextVar("sg_save_ns", default=None)

@@ -131,6 +131,7 @@ class Scheduling:
                 source=row["source"], callable_b64=row["callable_b64"], filename=row["filename"],
                 inputs_b64=row["inputs_b64"], outputs=json.loads(row["outputs_json"]),
                 env=json.loads(row["env_json"]), args=json.loads(row["args_json"]), workdir=row["workdir"],
+                workdir_b64=row["workdir_b64"],
                 checkpoint_every=row["checkpoint_every"] or self.config.checkpoint_every,
                 restore=checkpoint, layout=layout,
             )

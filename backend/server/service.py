@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from singularity_sdk.protocol import (
     MAX_CODE_BYTES,
     MAX_INPUTS_BYTES,
+    MAX_WORKDIR_BYTES,
     Event,
     EventType,
     JobInfo,
@@ -142,6 +143,11 @@ class Service(AgentSide, Moves, Scheduling):
         if req.workdir is not None and not req.workdir.startswith("/"):
             raise ServiceError(422, f"workdir {req.workdir!r} is not an absolute path; send the absolute path of "
                                     f"the folder the job runs in (the SDK sends its current directory)", "workdir")
+        if req.workdir_b64 is not None and len(req.workdir_b64) * 3 // 4 > MAX_WORKDIR_BYTES:
+            raise ServiceError(
+                413, f"the copy of the job's folder is {len(req.workdir_b64) * 3 / 4 / 2**20:.1f} MiB; the limit is "
+                     f"{MAX_WORKDIR_BYTES / 2**20:.0f} MiB. Keep data sets out of the folder (read them from storage "
+                     f"every node sees), or submit without a copy to nodes that share the folder", "workdir_b64")
         cap = self.capacity()
         if cap and req.gpus > cap:
             nodes = self.store.nodes()
@@ -164,6 +170,7 @@ class Service(AgentSide, Moves, Scheduling):
                     gpus=req.gpus, ranks=world, source=req.source, callable_b64=req.callable_b64,
                     inputs_b64=req.inputs_b64, outputs_json=json.dumps(req.outputs),
                     filename=req.filename, env_json=json.dumps(req.env), args_json=json.dumps(req.args), workdir=req.workdir,
+                    workdir_b64=req.workdir_b64,
                     checkpoint_every=req.checkpoint_every,
                     created_at=now, updated_at=now,
                 )

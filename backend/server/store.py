@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     env_json TEXT NOT NULL DEFAULT '{}',
     args_json TEXT NOT NULL DEFAULT '[]',  -- sys.argv[1:] of every rank
     workdir TEXT,                  -- the folder it was submitted from: its working directory
+    workdir_b64 TEXT,              -- a copy of that folder, for nodes that do not see it
     checkpoint_every REAL,
     placement_json TEXT NOT NULL DEFAULT '[]',
     attempt INTEGER NOT NULL DEFAULT 0,
@@ -125,7 +126,7 @@ class Store:
         for table, name, decl in (("jobs", "held_s", "REAL NOT NULL DEFAULT 0"),
                                   ("jobs", "attained_s", "REAL NOT NULL DEFAULT 0"), ("jobs", "held_since", "REAL"),
                                   ("nodes", "address", "TEXT"), ("jobs", "args_json", "TEXT NOT NULL DEFAULT '[]'"),
-                                  ("jobs", "workdir", "TEXT")):
+                                  ("jobs", "workdir", "TEXT"), ("jobs", "workdir_b64", "TEXT")):
             if name not in {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}:
                 self.db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
 

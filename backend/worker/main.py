@@ -18,6 +18,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from .workdir import enter as enter_workdir
+
 RESULT_REPR_LIMIT = 20_000
 EXIT_PREEMPTED = 75  # singularity_sdk.protocol.EXIT_PREEMPTED, not imported: see main()
 
@@ -70,27 +72,6 @@ def _is_ours(path: str) -> bool:
 
 def fresh_namespace(filename: str) -> dict[str, Any]:
     return {"__name__": "__main__", "__builtins__": builtins, "__file__": filename, "__doc__": None}
-
-
-def enter_workdir(spec: dict[str, Any]) -> str:
-    """Run where ``python script.py ARGS`` would have: in the folder the job was submitted
-    from, with ``sys.argv`` = [script, *ARGS] and the script's folder first on ``sys.path``.
-
-    Returns the file name the code runs under (the script's absolute path when it is a file).
-    Without a folder (an older client) the job stays in its per-attempt folder."""
-    filename = spec["filename"]
-    sys.argv = [filename, *spec.get("args", [])]
-    workdir = spec.get("workdir")
-    if not workdir:
-        return filename
-    if not os.path.isdir(workdir):
-        raise FileNotFoundError(
-            f"the job's folder {workdir} (where it was submitted from) does not exist on this node, and the job "
-            f"carries no copy of it; run it on nodes that share that folder, or submit it from a folder they see")
-    os.chdir(workdir)
-    script = filename if filename.startswith("<") else os.path.join(workdir, filename)
-    sys.path[0] = workdir if script.startswith("<") else os.path.dirname(script)
-    return script
 
 
 def load_program(spec: dict[str, Any], filename: str = ""):
@@ -206,7 +187,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     channel = ControlChannel()
     store = CheckpointStore(Path(os.environ.get("SINGULARITY_CHECKPOINT_DIR", out_dir / "checkpoints")).resolve())
     try:
-        filename = enter_workdir(spec)
+        filename = enter_workdir(spec)  # argv, cwd, sys.path[0]: as `python script.py ARGS`
     except FileNotFoundError as exc:
         sys.stderr.write(f"singularity: {exc}\n")
         (out_dir / "error.txt").write_text(str(exc))

@@ -67,6 +67,39 @@ def test_script_with_args_files_and_chdir_resumes_exactly(tmp_path, seed):
     assert files_of(submitted) == files_of(plain)
 
 
+def test_synced_copy_and_its_files_follow_the_job_between_nodes_without_shared_disks(tmp_path):
+    """Nodes that do not use the submitter's folder run the job in a copy sent with it; the
+    files the job writes there travel in its checkpoints through the store to the next node."""
+    plain, submitted = tmp_path / "plain", tmp_path / "submitted"
+    shutil.copytree(PROGRAMS / "script_job", plain)
+    shutil.copytree(PROGRAMS / "script_job", submitted)
+    expected = plain_run(plain)
+    before = files_of(submitted)
+    store = f"file://{tmp_path / 'store'}"
+    with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "h", store=store,
+                      env={"SINGULARITY_SHARED_WORKDIRS": "0"}) as cluster, cluster.client() as client:
+        job = client.submit(submitted / "train.py", args=ARGS, workdir=submitted, sync_workdir=True, name="synced")
+        for i, target in enumerate(random_stops(7, len(expected), 3)):
+            wait_for_lines(job, target)
+            if job.refresh().state.is_terminal:
+                break
+            (migrate if i != 1 else preempt_and_resume)(job, i)
+        assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+        assert stdout_lines(job) == expected
+        last = _node_of(job)
+        copy = cluster.home / "agents" / last / "workdirs" / job.id
+        assert files_of(copy) == files_of(plain)
+    assert files_of(submitted) == before  # the submitter's folder was not used
+
+
+def test_a_folder_over_the_cap_is_refused_before_upload(tmp_path, client):
+    (tmp_path / "train.py").write_text("print(1)\n")
+    with open(tmp_path / "big.bin", "wb") as f:
+        f.truncate(33 * 2**20)
+    with pytest.raises(InvalidRequest, match=r"32 MiB.*largest file: big.bin"):
+        client.submit(tmp_path / "train.py", workdir=tmp_path, sync_workdir=True)
+
+
 def test_args_must_be_strings_and_workdir_absolute(client):
     with pytest.raises(InvalidRequest, match=r"args.*list of strings.*str\(\)"):
         client.submit("print(1)", args=["--steps", 3])
@@ -105,3 +138,20 @@ def test_local_rank_numbers_the_jobs_ranks_on_each_node(client, gpus):
     assert seen == expected and sorted(seen) == [0, 1, 2, 3]
     if gpus == 4:
         assert len(job.info.placement) == 2  # both nodes took part
+
+
+def test_cli_submit_passes_args_after_double_dash_and_runs_in_the_current_folder(cluster, tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "show.py").write_text(
+        "import os, sys\nfrom sibling import WORD\nprint(sys.argv[1:], WORD, os.path.basename(os.getcwd()))\n"
+        "open('written.txt', 'w').write('kept')\n")
+    (tmp_path / "sub" / "sibling.py").write_text("WORD = 'imported'\n")
+    env = {**os.environ, "SINGULARITY_HOME": str(cluster.home)}
+    env.pop("SINGULARITY_URL", None)
+    env.pop("SINGULARITY_TOKEN", None)
+    proc = subprocess.run([sys.executable, "-m", "singularity_sdk.cli", "submit", "sub/show.py", "--wait", "--",
+                           "--lr", "0.1", "--", "two words"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "['--lr', '0.1', '--', 'two words'] imported " + tmp_path.name in proc.stdout
+    assert (tmp_path / "written.txt").read_text() == "kept"  # relative to where it was submitted
