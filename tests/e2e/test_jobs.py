@@ -45,7 +45,7 @@ def test_script_file(client, tmp_path):
     job = client.submit(script)
     assert job.name == "train_step"
     assert job.wait(60) == JobState.FAILED
-    assert 'File "train_step.py", line 4' in job.info.error
+    assert f'File "{script}", line 4' in job.info.error  # as `python /path/train_step.py` shows it
     assert job.logs().startswith("total 45\n")
 
 
