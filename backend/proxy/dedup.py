@@ -38,6 +38,7 @@ from typing import Any, BinaryIO, Callable, Optional, Union
 
 import torch
 
+from . import training_state
 from .store import BLOB_DIR
 
 __all__ = ["BLOB_DIR", "BlobStore", "DumpStats", "dump", "dumps", "load", "dedup_pickler", "dedup_unpickler"]
@@ -239,6 +240,7 @@ def dedup_pickler(base: type = pickle.Pickler) -> type:
             index = len(self._seen)
             self._seen[id(obj)] = index
             self._keep.append(obj)
+            training_state.note_tensor(obj)  # its .grad is written at the end of the graph
             storage = obj.untyped_storage()
             storage_index, digest = self._store(storage)
             self._stats.tensors += 1

@@ -104,7 +104,7 @@ def make_node(index: int, fn: Any, children: tuple, kwargs: dict) -> Any:
 
 
 # --------------------------------------------------------------------------- loop start
-def _loader_generators(loader: DataLoader) -> list[torch.Generator]:
+def loader_generators(loader: DataLoader) -> list[torch.Generator]:
     gens: list[torch.Generator] = []
     for holder in (loader, loader.sampler, getattr(loader.batch_sampler, "sampler", None), loader.batch_sampler):
         g = getattr(holder, "generator", None)
@@ -113,7 +113,7 @@ def _loader_generators(loader: DataLoader) -> list[torch.Generator]:
     return gens
 
 
-def _classify(leaf: Leaf) -> str:
+def classify(leaf: Leaf) -> str:
     """Pick a leaf's strategy and say what RNG snapshot it needs: '', 'torch' or 'full'."""
     v = leaf.value
     if lazy.is_dataloader(v):
@@ -168,12 +168,12 @@ class LoopSource:
         """Called where Python's ``for`` would call ``iter()``."""
         tree = _to_tree(src)
         leaves = leaves_of(tree)
-        need = {_classify(leaf) for leaf in leaves}
+        need = {classify(leaf) for leaf in leaves}
         snapshot = rng.capture(full="full" in need) if need - {""} else None
         gens: list[tuple[torch.Generator, torch.Tensor]] = []
         for leaf in leaves:
             if leaf.kind == "dataloader":
-                gens.extend((g, g.get_state()) for g in _loader_generators(leaf.value))
+                gens.extend((g, g.get_state()) for g in loader_generators(leaf.value))
         return cls(tree, _build(tree), snapshot, gens)
 
 
@@ -256,7 +256,12 @@ def _skip(it: Iterator[Any], k: int, check_rng: bool, what: str, line: int) -> N
 
 
 def _advance_dataloader(loader: DataLoader, mode: str, k: int, line: int, text: str) -> Iterator[Any]:
-    it = iter(loader)
+    return advance_loader_iterator(iter(loader), loader, mode, k, line, text)
+
+
+def advance_loader_iterator(it: Iterator[Any], loader: DataLoader, mode: str, k: int, line: int,
+                            text: str) -> Iterator[Any]:
+    """Move a fresh iterator of ``loader`` past ``k`` batches: skip indices, or replay (see `classify`)."""
     if k <= 0:
         return it
     sampler_iter = getattr(it, "_sampler_iter", None)

@@ -11,7 +11,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import context
+from . import context, training_state
 from .errors import CheckpointError
 from .rewrite import PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime
@@ -178,6 +178,7 @@ class ResumableProgram:
         `Preempted` after a ``then='stop'`` checkpoint; user exceptions propagate unchanged.
         """
         namespace.setdefault("__name__", "__main__")
+        training_state.install()  # DataLoader iterators made from now on can be checkpointed
         rt = Runtime(self, namespace, controller)
         if self.kind == "callable":
             globals_ = self._callable_globals(namespace)

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import cloudpickle
 
-from . import context, iterators, lazy, rng
+from . import context, iterators, lazy, rng, training_state
 from .errors import CheckpointError, CheckpointFailure
 from .rewrite import PREFIX
 from .store import CheckpointStore
@@ -158,6 +158,9 @@ class ProxyPickler(cloudpickle.Pickler):
             state = dict(obj.__dict__)
             state["_iterator"] = None  # a live persistent-workers iterator; recreated by iter()
             return copyreg.__newobj__, (t,), state
+        reduced = training_state.reduce(obj)  # grads, optimizers, schedulers, scalers, loader iterators
+        if reduced is not NotImplemented:
+            return reduced
         return super().reducer_override(obj)
 
 
@@ -434,6 +437,8 @@ def _graph(rt: "Runtime", position: list[dict], namespace: dict, saved_locals: O
                  "python": platform.python_version(),
                  "torch": getattr(lazy.torch(), "__version__", None),  # None: torch not loaded
                  "filename": rt.program.filename},
+        # last: refers back to the tensors and optimizers above (grads, a GradScaler's pending state)
+        "tail": training_state.Tail(),
     }
 
 
@@ -446,16 +451,21 @@ def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,
     torch a plain pickle (nothing in the graph can be a tensor, and importing torch costs ~1 s).
     """
     torch = lazy.torch()
+    tail = graph.get("tail")
+    notes = tail if isinstance(tail, training_state.Tail) else contextlib.nullcontext()
     if torch is None:
-        ProxyPickler(f, protocol=4).dump(graph)
+        with notes:
+            ProxyPickler(f, protocol=4).dump(graph)
         return 0
     if blob_dir is None:
-        torch.save(graph, f, pickle_module=PICKLE_MODULE, pickle_protocol=4)
+        with notes:
+            torch.save(graph, f, pickle_module=PICKLE_MODULE, pickle_protocol=4)
         return 0
     from . import dedup
 
-    stats = dedup.dump(graph, f, dedup.BlobStore(blob_dir), pickler=PICKLE_MODULE.Pickler,
-                       protocol=4)
+    with notes:
+        stats = dedup.dump(graph, f, dedup.BlobStore(blob_dir), pickler=PICKLE_MODULE.Pickler,
+                           protocol=4)
     if blobs is not None:
         blobs.update(stats.storages)
     return stats.blob_bytes_written

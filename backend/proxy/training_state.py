@@ -1,0 +1,281 @@
+"""The parts of a training program's state that plain pickling drops, and how we keep them.
+
+`torch.save` of a program's namespace loses exactly the state a resumed training step depends
+on, silently or with a crash several lines later:
+
+* a tensor's ``.grad`` (a safe point between ``backward()`` and the update, or in the middle of
+  gradient accumulation);
+* everything an optimizer built in ``__init__`` beyond ``defaults``/``state``/``param_groups``
+  (``Optimizer.__getstate__`` keeps only those three: LBFGS loses ``_params``), and the
+  ``optimizer.step`` wrapper an LR scheduler installs;
+* a `GradScaler`'s per-optimizer bookkeeping between ``unscale_``/``step`` and ``update()``
+  (keyed by ``id(optimizer)``, which a restore changes; its own ``__getstate__`` refuses);
+* a live DataLoader iterator held in a variable or an attribute (``self.it = iter(loader)``):
+  not picklable at all, so it used to be "rebuilt" from the start of the epoch.
+
+`reduce` gives the checkpoint pickler a reduction for each of these, and `Tail` is the last
+entry of the checkpoint graph: by the time it is pickled every tensor and optimizer of the graph
+has been seen (pickle memoizes them), so it can refer to them by identity and carry what must be
+attached to them after they exist (gradients, the scaler's per-optimizer states).
+"""
+from __future__ import annotations
+
+import collections
+import contextvars
+import copyreg
+import functools
+import pickle
+import weakref
+from typing import Any, Optional
+
+from . import iterators, lazy, rng
+
+_NOTES: contextvars.ContextVar[Optional["Tail"]] = contextvars.ContextVar("sg_training_tail", default=None)
+
+
+class Tail:
+    """Collects, while the graph is pickled, what has to be re-attached after loading."""
+
+    def __init__(self) -> None:
+        self.grads: list[tuple[Any, Any]] = []
+        self._seen: set[int] = set()
+        self.optimizers: dict[int, Any] = {}
+        self.scalers: list[tuple[Any, dict[int, Any]]] = []
+
+    def __enter__(self) -> "Tail":
+        self._token = _NOTES.set(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _NOTES.reset(self._token)
+
+    def note_tensor(self, t: Any) -> None:
+        if id(t) in self._seen:
+            return
+        self._seen.add(id(t))
+        grad = t.grad if t.is_leaf or t.retains_grad else None
+        if grad is not None:
+            self.grads.append((t, grad))
+
+    def __reduce__(self) -> tuple:
+        # pickled last: every tensor and optimizer below is a memo reference to the same object
+        scalers = []
+        for scaler, states in self.scalers:
+            missing = [k for k in states if k not in self.optimizers]
+            if missing:
+                raise pickle.PicklingError(
+                    "a GradScaler is between scaler.unscale_()/step() and scaler.update() for an "
+                    "optimizer that is not part of the job's state; checkpoint at the next iteration")
+            scalers.append((scaler, [(self.optimizers[k], v) for k, v in states.items()]))
+        return _attach, (self.grads, scalers)
+
+
+def note_tensor(t: Any) -> None:
+    """Called by the picklers for every tensor they write (once per tensor)."""
+    tail = _NOTES.get()
+    if tail is not None:
+        tail.note_tensor(t)
+
+
+def _attach(grads: list, scalers: list) -> None:
+    for t, g in grads:
+        t.grad = g
+    for scaler, states in scalers:
+        scaler._per_optimizer_states.update({id(opt): st for opt, st in states})
+    return None
+
+
+# --------------------------------------------------------------------------- reductions
+def reduce(obj: Any) -> Any:
+    """A reduction for training objects whose default pickling loses state; NotImplemented otherwise."""
+    t = lazy.torch_types()
+    if t is None:
+        return NotImplemented
+    torch = lazy.torch()
+    if isinstance(obj, t.tensor):
+        note_tensor(obj)
+        return NotImplemented
+    if isinstance(obj, torch.optim.Optimizer):
+        return _reduce_optimizer(obj)
+    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or \
+            type(obj).__name__ == "ReduceLROnPlateau":
+        return _reduce_plain(obj)
+    if _is_grad_scaler(obj):
+        return _reduce_scaler(obj)
+    if isinstance(obj, _loader_iter_type()):
+        return _reduce_loader_iter(obj)
+    return NotImplemented
+
+
+def _reduce_plain(obj: Any) -> tuple:
+    """The whole ``__dict__``, whatever ``__getstate__`` would keep."""
+    return copyreg.__newobj__, (type(obj),), dict(obj.__dict__), None, None, _set_dict
+
+
+def _set_dict(obj: Any, state: dict) -> None:
+    obj.__dict__.update(state)
+
+
+def _reduce_optimizer(opt: Any) -> tuple:
+    tail = _NOTES.get()
+    if tail is not None:
+        tail.optimizers[id(opt)] = opt
+    state = dict(opt.__dict__)
+    wrapped = getattr(state.get("step"), "_wrapped_by_lr_sched", False)
+    if wrapped:  # an LR scheduler's counting wrapper (holds a weakref): re-made on load
+        del state["step"]
+    return copyreg.__newobj__, (type(opt),), (state, wrapped), None, None, _set_optimizer
+
+
+def _set_optimizer(opt: Any, saved: tuple) -> None:
+    state, wrapped = saved
+    opt.__setstate__(state)  # the class's own hook: re-registers hooks, patches step profiling
+    if wrapped:
+        _wrap_step_like_lr_scheduler(opt)
+
+
+def _wrap_step_like_lr_scheduler(opt: Any) -> None:
+    """What ``LRScheduler.__init__`` does to ``opt.step``: note that the optimizer stepped."""
+    opt_ref = weakref.ref(opt)
+    func = type(opt).step
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        o = opt_ref()
+        o._opt_called = True  # type: ignore[union-attr]
+        return func.__get__(o, o.__class__)(*args, **kwargs)
+
+    wrapper._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    opt.step = wrapper
+
+
+def _is_grad_scaler(obj: Any) -> bool:
+    cls = type(obj)
+    return cls.__name__ == "GradScaler" and cls.__module__.startswith("torch.")
+
+
+def _reduce_scaler(scaler: Any) -> tuple:
+    """Every attribute, tensors included (its ``__getstate__`` refuses mid-iteration)."""
+    state = dict(scaler.__dict__)
+    pending = dict(state.pop("_per_optimizer_states", {}))
+    if pending:
+        tail = _NOTES.get()
+        if tail is None:
+            raise pickle.PicklingError("a GradScaler between unscale_/step and update() needs the checkpoint pickler")
+        tail.scalers.append((scaler, pending))
+    return copyreg.__newobj__, (type(scaler),), state, None, None, _set_scaler
+
+
+def _set_scaler(scaler: Any, state: dict) -> None:
+    from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+    scaler.__dict__.update(state)
+    scaler._per_optimizer_states = collections.defaultdict(_refresh_per_optimizer_state)
+
+
+# --------------------------------------------------------------------------- DataLoader iterators
+_ORIGIN = "_sg_origin"
+
+
+class LoaderOrigin:
+    """How one DataLoader iterator came to be: enough to make it again and bring it to a batch.
+
+    Two RNG moments matter.  ``iter(loader)`` draws the workers' base seed (and, with workers,
+    the first indices); a single-process iterator draws its sampler's shuffle seed only at its
+    first batch, which for an iterator held in a variable can be much later, after other draws.
+    Each is a snapshot of the global generators plus the loader's own generators.
+    """
+
+    __slots__ = ("loader", "mode", "full", "created", "first")
+
+    def __init__(self, loader: Any, mode: str, full: bool, created: tuple) -> None:
+        self.loader = loader
+        self.mode = mode
+        self.full = full
+        self.created = created
+        self.first: Optional[tuple] = None
+
+
+def _loader_iter_type() -> type:
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    return _BaseDataLoaderIter
+
+
+def _snapshot(loader: Any, full: bool) -> tuple:
+    return rng.capture(full=full), [(g, g.get_state()) for g in iterators.loader_generators(loader)]
+
+
+def _apply(snapshot: tuple) -> None:
+    state, gens = snapshot
+    rng.apply(state)
+    for g, s in gens:
+        g.set_state(s)
+
+
+def install() -> None:
+    """Record, for every DataLoader iterator created from now on, how to re-create it exactly.
+
+    Costs one RNG snapshot per ``iter(loader)`` and one per iterator's first batch (per epoch),
+    and a dictionary look-up per batch.
+    """
+    lazy.when_imported("torch.utils.data", _patch_dataloader)
+
+
+def _patch_dataloader(module: Any) -> None:
+    loader_cls = module.DataLoader
+    iter_cls = module.dataloader._BaseDataLoaderIter
+    if getattr(loader_cls.__iter__, "_sg_patched", False):
+        return
+    original_iter = loader_cls.__iter__
+    original_next_index = iter_cls._next_index
+
+    @functools.wraps(original_iter)
+    def __iter__(self: Any) -> Any:
+        leaf = iterators.Leaf(0, self)
+        full = iterators.classify(leaf) == "full"
+        origin = LoaderOrigin(self, leaf.mode, full, _snapshot(self, full))
+        it = original_iter(self)  # indices a worker iterator fetches here follow from `created`
+        it.__dict__[_ORIGIN] = origin
+        return it
+
+    @functools.wraps(original_next_index)
+    def _next_index(self: Any) -> Any:
+        origin = self.__dict__.get(_ORIGIN)
+        if origin is not None and origin.first is None:
+            origin.first = _snapshot(origin.loader, origin.full)
+        return original_next_index(self)
+
+    __iter__._sg_patched = True  # type: ignore[attr-defined]
+    loader_cls.__iter__ = __iter__
+    iter_cls._next_index = _next_index
+
+
+def _reduce_loader_iter(it: Any) -> tuple:
+    origin = it.__dict__.get(_ORIGIN)
+    if origin is None:
+        raise pickle.PicklingError(
+            "a DataLoader iterator created before the job's engine started cannot be saved")
+    return _rebuild_loader_iter, (origin.loader, origin.mode, origin.full, origin.created, origin.first,
+                                  int(getattr(it, "_num_yielded", 0)))
+
+
+def _rebuild_loader_iter(loader: Any, mode: str, full: bool, created: tuple, first: Optional[tuple],
+                         yielded: int) -> Any:
+    """``iter(loader)`` again under the RNG it was created under, advanced to the same batch.
+
+    The loader's generators are put back as they were; the global generators are left as this
+    leaves them: the restore sets them to their checkpointed states once the graph is loaded.
+    """
+    gens_now = [(g, g.get_state()) for g in iterators.loader_generators(loader)]
+    try:
+        _apply(created)
+        it = iter(loader)
+        origin: LoaderOrigin = it.__dict__[_ORIGIN]
+        if first is not None and origin.first is None:
+            _apply(first)  # the RNG at the original's first batch, when its sampler drew its seed
+            origin.first = first
+        return iterators.advance_loader_iterator(it, loader, mode, yielded, 0, "a DataLoader iterator")
+    finally:
+        for g, s in gens_now:
+            g.set_state(s)
