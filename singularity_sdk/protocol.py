@@ -275,6 +275,9 @@ class AgentHello(Strict):
     acked_seq: int = 0
     address: Optional[str] = Field(None, max_length=255, description="how the other nodes reach this one: "
                                    "MASTER_ADDR of jobs whose rank 0 runs here")
+    #: what an exact resume depends on here: python/torch/numpy versions and the device model
+    #: (a job with a checkpoint is placed only where its checkpoint's fingerprint matches)
+    fingerprint: dict[str, Optional[str]] = Field(default_factory=dict)
 
 
 class AgentEvent(Strict):

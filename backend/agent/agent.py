@@ -37,6 +37,8 @@ from singularity_sdk.protocol import (
     server_message_adapter,
 )
 
+from backend.proxy.fingerprint import node as node_fingerprint
+
 from .outbox import Outbox
 from .spawner import Spawner
 from .transfer import CheckpointTransfer
@@ -124,7 +126,7 @@ class Agent:
         # Unless told otherwise, other nodes reach this one at the address it reaches the server from.
         address = self.address or (ws.local_address[0] if ws.local_address else None)
         hello = AgentHello(node=self.name, instance=self.instance, devices=self.devices,
-                           known_jobs=self.known_jobs(), address=address)
+                           known_jobs=self.known_jobs(), address=address, fingerprint=node_fingerprint(self.devices))
         await ws.send(hello.model_dump_json())
         welcome = Welcome.model_validate_json(await ws.recv())
         self.heartbeat_s = welcome.heartbeat_s

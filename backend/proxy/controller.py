@@ -70,6 +70,7 @@ class Controller:
         self._runtime: Optional["Runtime"] = None
         #: the thread that runs the program (sampled to say where it is when a request times out)
         self._thread_id: Optional[int] = None
+        self._exactness_reported = False
         #: step of the last safe point passed by the most recent run
         self.last_step = 0
         #: after a restore completed: {"step", "seconds" (load to resumed), "rebuilt": [names]}
@@ -174,7 +175,21 @@ class Controller:
             self.flag = self._wants_slow_path()
         if expired is not None:
             self._report_timeout(expired, now)
+        if progress and not self._exactness_reported and self.rank == 0:
+            # once, a second in (the setup code has set what it sets): what exactness depends on
+            from . import fingerprint
+
+            self._exactness_reported = True
+            self._emit("exactness", fingerprint.report())
         return request, progress
+
+    def _poll_progress(self) -> bool:
+        """At a safe point that cannot be used (see `frames`): take only the progress tick; a
+        checkpoint request stays pending (and the flag raised) for the next usable safe point."""
+        with self._lock:
+            progress, self._progress_due = self._progress_due, False
+            self.flag = self._wants_slow_path()
+        return progress
 
     def _all_written(self, mine: bool) -> bool:
         """Whether every rank of the job wrote its part of this checkpoint (one rank: ``mine``)."""

@@ -50,6 +50,7 @@ from . import context, iterators, lazy, rng, training_state
 from .errors import CheckpointError, CheckpointFailure
 from .rewrite import PREFIX
 from .store import CheckpointStore
+from . import fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -437,6 +438,7 @@ def _graph(rt: "Runtime", position: list[dict], namespace: dict, saved_locals: O
                  "python": platform.python_version(),
                  "torch": getattr(lazy.torch(), "__version__", None),  # None: torch not loaded
                  "filename": rt.program.filename},
+        "fingerprint": fingerprint.capture(),  # what an exact resume depends on: checked on restore
         # last: refers back to the tensors and optimizers above (grads, a GradScaler's pending state)
         "tail": training_state.Tail(),
     }
@@ -510,10 +512,13 @@ def load_graph(ref: "CheckpointRef", rank: int, target_namespace: dict, identity
     finally:
         _LOAD_NS.reset(token)
     if not isinstance(graph, dict) or graph.get("format") != GRAPH_FORMAT:
-        raise CheckpointError(f"{path} is not a device-proxy checkpoint of format {GRAPH_FORMAT}")
+        written = graph if isinstance(graph, dict) else {}
+        raise CheckpointError(fingerprint.format_refusal(written.get("format"), GRAPH_FORMAT,
+                                                         (written.get("fingerprint") or {}).get("engine"), path))
     if graph["program"] != identity:
         raise CheckpointError(f"{ref.path} was written by a different program (the submitted code changed); "
                               f"resume with the code that wrote it, or start over without restoring")
+    fingerprint.check_restore(graph.get("fingerprint"), str(ref.path))
     return graph
 
 

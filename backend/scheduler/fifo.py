@@ -35,7 +35,8 @@ def fifo_policy(snapshot: Snapshot) -> list[Action]:
     free = {n.name: list(n.free) for n in nodes}
     actions: list[Action] = []
     for job in snapshot.queued():
-        placement = pick_devices(nodes, free, job.gpus)
+        allowed = nodes if job.nodes is None else [n for n in nodes if n.name in job.nodes]
+        placement = pick_devices(allowed, free, job.gpus)
         if placement is None:
             break  # strict FIFO: nothing overtakes the head of the queue
         for node, devs in placement.items():

@@ -100,13 +100,16 @@ class FreeDevices:
         out = [n for c in range(self.max_size, 0, -1) for n in self.buckets[c] if c == self.size[n]]
         return out
 
-    def pick(self, p: int, prefer: Iterable[str] = ()) -> Optional[Placement]:
+    def pick(self, p: int, prefer: Iterable[str] = (), only: Optional[frozenset[str]] = None) -> Optional[Placement]:
         """Devices for a gang of ``p`` under the locality rule, or None if it does not fit now.
 
-        ``prefer`` lists nodes to use first when they fit (a growing job keeps its node).
+        ``prefer`` lists nodes to use first when they fit (a growing job keeps its node);
+        ``only`` restricts the choice to those nodes (a checkpoint that resumes exactly only there).
         """
         if p <= 0 or p > self.total:
             return None
+        if only is not None:
+            return self._pick_among(p, [n for n in prefer if n in only] + sorted(set(self.free) & only))
         if p <= self.max_size:
             for name in prefer:
                 if self.count(name) >= p:
@@ -128,6 +131,24 @@ class FreeDevices:
             return None
         placement[last] = tuple(self.free[last][:need])
         return placement
+
+    def _pick_among(self, p: int, names: list[str]) -> Optional[Placement]:
+        """`pick` restricted to ``names`` (in order): one node when one fits (the fullest, to
+        pack), else whole free nodes plus one partial."""
+        fitting = [n for n in dict.fromkeys(names) if self.count(n) >= p]
+        if fitting:
+            node = min(fitting, key=lambda n: (self.count(n), names.index(n)))
+            return {node: tuple(self.free[node][:p])}
+        placement: Placement = {}
+        need = p
+        for name in sorted(dict.fromkeys(names), key=lambda n: -self.count(n)):
+            if need == 0:
+                break
+            take = min(need, self.count(name))
+            if take and (take == self.size[name] or need <= self.count(name)):
+                placement[name] = tuple(self.free[name][:take])
+                need -= take
+        return placement if need == 0 and placement else None
 
     def take_placement(self, placement: Placement) -> None:
         for node, devs in placement.items():

@@ -171,7 +171,8 @@ class _Tier:
                 checked_at = len(self.state.actions)
                 if self.hopeless():
                     return
-            if not self._try(job) and self.reserve_left and job.waited >= self.state.config.starvation_horizon_s:
+            if not self._try(job) and job.view.nodes is None and self.reserve_left \
+                    and job.waited >= self.state.config.starvation_horizon_s:
                 self.reserve_left = False
                 self._reserve(job)
 
@@ -195,6 +196,18 @@ class _Tier:
 
     def _try(self, job: RJob) -> bool:
         st = self.state
+        if job.view.nodes is not None:
+            # Its checkpoint resumes exactly only on some nodes: free devices there, or it waits.
+            # Nothing is taken from others for it, and its failure says nothing about other jobs.
+            for p in divisors(job.gpus):
+                if p < job.start_min:
+                    break
+                got = self._attempt(job, p)
+                if got is not None:
+                    st.place(job, got[0], _place_reason(job, got[0], p, f"{got[1]} where its checkpoint "
+                                                                        f"resumes exactly", st))
+                    return True
+            return False
         if st.free.total > self.fail_free >= 0:
             self.fail_floor, self.fail_user, self.fail_las, self.fail_free = 1 << 30, {}, {}, -1
         if job.start_min < self.fail_floor:
@@ -235,11 +248,11 @@ class _Tier:
 
     def _attempt(self, job: RJob, p: int) -> Optional[tuple[Placement, str]]:
         st = self.state
-        placement = st.free.pick(p)
+        placement = st.free.pick(p, only=job.view.nodes)
         if placement is not None:
             return placement, "free devices"
-        if self.free_only:
-            return None
+        if self.free_only or job.view.nodes is not None:
+            return None  # making room elsewhere could free devices it may not use
         placement = defragment(st, job, p)
         if placement is not None:
             return placement, "after migrating smaller jobs off the node (defragmentation)"
@@ -291,7 +304,7 @@ def _grow(state: RoundState, rank: int) -> None:
             gain = age * j.gpus * (1.0 / j.held - 1.0 / p)
             if gain <= cfg.grow_margin * cfg.overhead_s:
                 break  # smaller sizes gain even less
-            placement = state.free.pick(p, prefer=prefer)
+            placement = state.free.pick(p, prefer=prefer, only=j.view.nodes)
             if placement is not None:
                 chosen = (p, placement)
                 break

@@ -49,6 +49,9 @@ class JobView:
     #: None (unknown): basic jobs age with their time in the system, and a waiting job's wait
     #: counts from its last preemption (``last_moved_at``), else from its submission
     ran_s: Optional[float] = None
+    #: the only nodes it may run on (None: any): those where its checkpoint resumes exactly
+    #: (same python/torch/numpy versions and device model as the checkpoint recorded)
+    nodes: Optional[frozenset[str]] = None
 
     @property
     def placed_devices(self) -> int:

@@ -44,6 +44,7 @@ class AgentSide:
         with self.store.tx():
             acked = self.store.upsert_node(hello.node, hello.devices, hello.instance, hello.address)
         self.links[hello.node] = link
+        self.fingerprints[hello.node] = dict(hello.fingerprint)
         log.info("agent %s connected (%d devices, instance %s)", hello.node, len(hello.devices), hello.instance)
         self._reconcile(hello.node, {tuple(k) for k in hello.known_jobs})
         self._schedule_hook()

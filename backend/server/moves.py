@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from singularity_sdk.protocol import CheckpointJob, EventType, JobInfo, JobState, NodeInfo, NodeState
 
-from . import ranks
+from . import exact_nodes, ranks
 from .core import ServiceError
 
 log = logging.getLogger("singularity.server")
@@ -80,9 +80,19 @@ class Moves:
                 raise ServiceError(404, f"no node '{to}'; nodes are: {names}", "node")
             if to in sources:
                 raise ServiceError(409, f"job {job_id} already runs on {to}", "node")
-        target = self._find_room(info.gpus, exclude=sources, only=to)
+        fp = exact_nodes.moving(self.store.job_row(job_id), sources, self.fingerprints)
+        among = exact_nodes.allowed(fp, self.store.nodes(), self.fingerprints)
+        if to is not None and exact_nodes.why_not(fp, to, self.fingerprints):
+            raise ServiceError(409, f"job {job_id} would not resume exactly on {to}: "
+                                    f"{exact_nodes.why_not(fp, to, self.fingerprints)}", "node")
+        if to is None and fp and among is None:
+            others = "; ".join(f"{n.name}: {exact_nodes.why_not(fp, n.name, self.fingerprints)}"
+                               for n in self.store.nodes() if n.name not in sources)
+            raise ServiceError(409, f"no other node resumes job {job_id} exactly ({others})", "node")
+        target = self._find_room(info.gpus, exclude=sources, only=to, among=among)
         if target is None:
-            where = to or "any other node"
+            where = to or ("any other node" if among is None else
+                           f"any other node where it resumes exactly ({', '.join(sorted(among - sources)) or 'none'})")
             raise ServiceError(409, f"{where} has no room for {info.gpus} device(s) now; free some or drain later",
                                "node")
         detail = {"from": ",".join(sorted(sources)), "to": to, "reason": reason or f"requested by {by or user}",
@@ -131,7 +141,9 @@ class Moves:
         if gpus == now_on:
             raise ServiceError(409, f"job {job_id} already runs on {gpus} device(s)", "gpus")
         own = {p.node: tuple(p.devices) for p in info.placement}
-        if placement is None and self._find_room(gpus, also=own) is None:
+        among = exact_nodes.allowed(exact_nodes.moving(self.store.job_row(job_id), own, self.fingerprints),
+                                    self.store.nodes(), self.fingerprints)
+        if placement is None and self._find_room(gpus, also=own, among=among) is None:
             raise ServiceError(409, f"no room for {gpus} device(s) now (counting the job's own {now_on}); "
                                     f"free some devices or try a smaller size", "gpus")
         detail.update(since_seq=info.last_seq, placement={n: list(d) for n, d in (placement or {}).items()})
@@ -151,7 +163,10 @@ class Moves:
         own = {p["node"]: tuple(p["devices"]) for p in json.loads(row["placement_json"])}  # still "held" by it
         wanted = {n: tuple(d) for n, d in (detail.get("placement") or {}).items()}
         size = int(detail.get("to", row["gpus"]))
-        target = wanted if wanted and self._is_free(wanted, own) else self._find_room(size, also=own)
+        among = exact_nodes.allowed(exact_nodes.recorded(row), self.store.nodes(), self.fingerprints)
+        if wanted and among is not None and not set(wanted) <= among:
+            wanted = {}  # the scheduler's choice predates the checkpoint: resume where it is exact
+        target = wanted if wanted and self._is_free(wanted, own) else self._find_room(size, also=own, among=among)
         if target is None:  # someone took the room meanwhile: wait in the queue
             with self.store.tx():
                 self.store.update_job(job_id, state=JobState.QUEUED.value)
@@ -171,12 +186,14 @@ class Moves:
                    for n, d in placement.items())
 
     def _find_room(self, gpus: int, exclude: set[str] = frozenset(), only: Optional[str] = None,
-                   also: Optional[dict[str, tuple[int, ...]]] = None):
-        """Devices for ``gpus`` now (packed onto few nodes), counting ``also`` as free."""
+                   also: Optional[dict[str, tuple[int, ...]]] = None, among: Optional[frozenset[str]] = None):
+        """Devices for ``gpus`` now (packed onto few nodes), counting ``also`` as free; only on
+        ``among`` when given (where the job's checkpoint resumes exactly)."""
         from backend.scheduler.fifo import pick_devices
 
         snap = self.snapshot()
-        nodes = [n for n in snap.nodes if n.schedulable and n.name not in exclude and (only is None or n.name == only)]
+        nodes = [n for n in snap.nodes if n.schedulable and n.name not in exclude and (only is None or n.name == only)
+                 and (among is None or n.name in among)]
         extra = also or {}
         return pick_devices(nodes, {n.name: sorted({*n.free, *extra.get(n.name, ())}) for n in nodes}, gpus)
 
@@ -184,7 +201,8 @@ class Moves:
         """The source ranks stopped at a checkpoint: start the job at its destination."""
         row = self.store.job_row(job_id)
         sources = set(detail.get("from", "").split(","))
-        target = self._find_room(row["gpus"], exclude=sources, only=detail.get("to"))
+        among = exact_nodes.allowed(exact_nodes.recorded(row), self.store.nodes(), self.fingerprints)
+        target = self._find_room(row["gpus"], exclude=sources, only=detail.get("to"), among=among)
         if target is None:  # the room went away meanwhile: wait in the queue, resume anywhere
             with self.store.tx():
                 self.store.update_job(job_id, state=JobState.QUEUED.value)

@@ -12,7 +12,7 @@ from backend.scheduler.fifo import fifo_policy
 from backend.scheduler.types import Action, JobView, Migrate, NodeView, Place, Preempt, Resize, Snapshot
 from singularity_sdk.protocol import EventType, JobState, NodeState, Placement, RankSpec, StartJob
 
-from . import ranks
+from . import exact_nodes, ranks
 from .core import ServiceConfig, ServiceError
 from .store import attained
 
@@ -50,7 +50,8 @@ class Scheduling:
                         submitted_at=row["created_at"], last_moved_at=row["moved_at"],
                         attained_s=attained_s, ran_s=ran_s,
                         last_checkpoint_at=json.loads(row["last_checkpoint_json"] or "{}").get("time"),
-                        placement=placement if JobState(row["state"]).holds_devices else {})
+                        placement=placement if JobState(row["state"]).holds_devices else {},
+                        nodes=exact_nodes.allowed(exact_nodes.recorded(row), nodes_info, self.fingerprints))
             )
         return Snapshot(now=now, nodes=nodes, jobs=tuple(jobs))
 
@@ -70,6 +71,9 @@ class Scheduling:
                 if isinstance(action, Place):
                     if any((node, d) in held for node, devs in action.placement.items() for d in devs):
                         continue
+                    allowed = next((j.nodes for j in snapshot.jobs if j.id == action.job_id), None)
+                    if allowed is not None and not set(action.placement) <= allowed:
+                        continue  # its checkpoint would not resume exactly there (whatever the policy chose)
                     self._apply_place(action)
                     held |= {(node, d) for node, devs in action.placement.items() for d in devs}
                 elif isinstance(action, Preempt) and not moving:

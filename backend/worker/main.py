@@ -197,6 +197,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     def on_event(type: str, data: dict[str, Any]) -> None:
         if type == "resumed":
             data = {**data, "checkpoint": restore_path[0] if restore_path else None}
+        elif type == "checkpointed":  # the scheduler resumes it only where this matches
+            from backend.proxy import fingerprint
+
+            fp = fingerprint.capture()
+            data = {**data, "fingerprint": {k: fp.get(k) for k in (*fingerprint.COMPARED, "engine")}}
         channel.send(type, data)
 
     if world > 1:

@@ -1,0 +1,194 @@
+"""What an exact resume depends on, recorded with each checkpoint and checked before a restore.
+
+Bitwise-identical continuation holds only where the restoring process computes as the
+checkpointing one did: the same Python, torch and numpy (kernels, RNG algorithms and pickles
+change between versions), the same device model (kernels differ between GPU models), and the
+same deterministic settings (``torch.backends.cudnn.benchmark``, deterministic algorithms, the
+intra-op thread count). Versions and the device are *compared*: the scheduler places a job whose
+checkpoint has a fingerprint only on nodes that match it, and a restore elsewhere is refused
+naming the difference. Settings are *carried*: the statements that set them ran before the
+checkpoint and are skipped on restore, so the restore sets them again.
+
+``SINGULARITY_FINGERPRINT_OVERRIDE`` (a JSON object, e.g. ``{"torch": "2.0.0"}``) replaces
+entries of what this process reports as its own fingerprint: a test and operations knob to
+make one node look different (or to declare two builds equivalent). It does not change what
+actually runs.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+from typing import Any, Optional
+
+OVERRIDE_ENV = "SINGULARITY_FINGERPRINT_OVERRIDE"
+#: the entries a restoring process must match
+COMPARED = ("python", "torch", "numpy", "device")
+
+
+def _override() -> dict[str, Any]:
+    raw = os.environ.get(OVERRIDE_ENV)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return {k: v for k, v in value.items() if k in COMPARED} if isinstance(value, dict) else {}
+
+
+def _installed(dist: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _loaded_version(module: str) -> Optional[str]:
+    mod = sys.modules.get(module)
+    return str(getattr(mod, "__version__", "")) or None if mod is not None else None
+
+
+def node(devices: list[Any]) -> dict[str, Any]:
+    """This machine's fingerprint, as its agent reports it (installed versions; nothing imported).
+
+    ``devices`` are the node's `DeviceInfo`; the device model is the first GPU's name, or "cpu"."""
+    gpu = next((d for d in devices if getattr(d, "kind", "") == "cuda"), None)
+    fp = {"python": platform.python_version(), "torch": _installed("torch"), "numpy": _installed("numpy"),
+          "device": gpu.name if gpu is not None else "cpu"}
+    return {**fp, **_override()}
+
+
+def _visible_gpu_name() -> Optional[str]:
+    """The model of this process's first visible GPU without creating a CUDA context."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return str(torch.cuda.get_device_name(torch.cuda.current_device()))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not visible.strip():
+        return None
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        first = (visible or "0").split(",")[0].strip()
+        handle = (pynvml.nvmlDeviceGetHandleByUUID(first) if not first.isdigit()
+                  else pynvml.nvmlDeviceGetHandleByIndex(int(first)))
+        name = pynvml.nvmlDeviceGetName(handle)
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def settings() -> dict[str, Any]:
+    """The process's deterministic settings (empty when torch was never imported)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    return {"cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+            "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+            "threads": int(torch.get_num_threads())}
+
+
+def capture() -> dict[str, Any]:
+    """The running job's fingerprint, for its checkpoint. A library the job never imported is
+    recorded as None: its version cannot matter to the result."""
+    fp: dict[str, Any] = {"python": platform.python_version(), "torch": _loaded_version("torch"),
+                          "numpy": _loaded_version("numpy"), "device": _visible_gpu_name() or "cpu"}
+    fp.update(_override())
+    for lib in ("torch", "numpy"):  # an override names a version only for a library in use
+        if sys.modules.get(lib) is None:
+            fp[lib] = None
+    fp["settings"] = settings()
+    fp["engine"] = _installed("singularity-notebooks")  # who wrote it, for a refusal's message
+    return fp
+
+
+def here() -> dict[str, Any]:
+    """What a restoring process compares a checkpoint with (before importing anything)."""
+    fp = {"python": platform.python_version(), "torch": _installed("torch"), "numpy": _installed("numpy"),
+          "device": _visible_gpu_name() or "cpu"}
+    return {**fp, **_override()}
+
+
+def differences(recorded: Optional[dict[str, Any]], current: dict[str, Any]) -> list[str]:
+    """What differs, one phrase each (``torch 2.4.0 (checkpoint) vs 2.5.1 (here)``); entries the
+    checkpoint does not depend on (None) are not compared."""
+    out = []
+    for key in COMPARED:
+        want = (recorded or {}).get(key)
+        if want is not None and current.get(key) != want:
+            out.append(f"{key} {want} (checkpoint) vs {current.get(key)} (here)")
+    return out
+
+
+def matches(recorded: Optional[dict[str, Any]], node_fp: Optional[dict[str, Any]]) -> bool:
+    """Whether a node with fingerprint ``node_fp`` can resume a checkpoint recorded as ``recorded``."""
+    return not recorded or (node_fp is not None and not differences(recorded, node_fp))
+
+
+def check_restore(recorded: Optional[dict[str, Any]], where: str) -> None:
+    """Refuse a restore whose result could differ, naming the difference; then put the
+    checkpoint's deterministic settings back (their statements are skipped on restore)."""
+    from .errors import CheckpointError
+
+    diff = differences(recorded, here())
+    if diff:
+        raise CheckpointError(
+            f"{where} cannot resume exactly here: {'; '.join(diff)}. Resume it on a node that matches "
+            f"(the scheduler picks one when it can), install the same versions, or start over")
+    apply_settings((recorded or {}).get("settings") or {})
+
+
+def apply_settings(saved: dict[str, Any]) -> None:
+    """Restore torch's deterministic settings as they were when the checkpoint was taken."""
+    torch = sys.modules.get("torch")
+    if torch is None or not saved:
+        return
+    torch.backends.cudnn.benchmark = bool(saved.get("cudnn_benchmark", torch.backends.cudnn.benchmark))
+    torch.backends.cudnn.deterministic = bool(saved.get("cudnn_deterministic", torch.backends.cudnn.deterministic))
+    if "deterministic_algorithms" in saved:
+        torch.use_deterministic_algorithms(bool(saved["deterministic_algorithms"]))
+    if saved.get("threads"):
+        torch.set_num_threads(int(saved["threads"]))
+
+
+def warnings_for(settings_: dict[str, Any]) -> list[str]:
+    """Settings under which a resume on a GPU may not continue bit for bit."""
+    out = []
+    if settings_.get("cudnn_benchmark"):
+        out.append("torch.backends.cudnn.benchmark is on: cuDNN times candidate kernels and may pick "
+                   "others after a resume, so results can differ on a GPU; set it False for an exact resume")
+    if settings_ and not settings_.get("deterministic_algorithms") and not settings_.get("cudnn_deterministic"):
+        out.append("deterministic algorithms are off: some CUDA kernels (atomic adds) are not bitwise "
+                   "reproducible on a GPU; torch.use_deterministic_algorithms(True) makes them so")
+    return out
+
+
+def report() -> dict[str, Any]:
+    """The ``exactness`` event: the fingerprint, and warnings about settings (on a GPU only the
+    nondeterministic-kernel warning applies; cudnn benchmark mode is reported wherever it is set)."""
+    fp = capture()
+    warnings = warnings_for(fp["settings"])
+    if fp["device"] == "cpu":
+        warnings = [w for w in warnings if "benchmark" in w]
+    return {"fingerprint": fp, "warnings": warnings, "gpu_exact": not warnings_for(fp["settings"])}
+
+
+def format_refusal(found: Any, expected: int, engine: Optional[str], path: Any) -> str:
+    """The message for a checkpoint of another graph format: who wrote it and what to do."""
+    by = f" by engine {engine}" if engine else ""
+    return (f"{path} was written{by} in checkpoint format {found!r}; this engine reads format {expected}. "
+            f"Resume it with the engine version that wrote it (then checkpoints it writes stay readable by "
+            f"that version), or start the job over without restoring")
