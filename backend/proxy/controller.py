@@ -70,7 +70,8 @@ class Controller:
         self._runtime: Optional["Runtime"] = None
         #: the thread that runs the program (sampled to say where it is when a request times out)
         self._thread_id: Optional[int] = None
-        self._exactness_reported = False
+        #: the deterministic settings last reported in an ``exactness`` event (None: not yet)
+        self._exactness_reported: Optional[dict] = None
         #: step of the last safe point passed by the most recent run
         self.last_step = 0
         #: after a restore completed: {"step", "seconds" (load to resumed), "rebuilt": [names]}
@@ -175,12 +176,8 @@ class Controller:
             self.flag = self._wants_slow_path()
         if expired is not None:
             self._report_timeout(expired, now)
-        if progress and not self._exactness_reported and self.rank == 0:
-            # once, a second in (the setup code has set what it sets): what exactness depends on
-            from . import fingerprint
-
-            self._exactness_reported = True
-            self._emit("exactness", fingerprint.report())
+        if progress and self.rank == 0:
+            self._report_exactness()
         return request, progress
 
     def _poll_progress(self) -> bool:
@@ -190,6 +187,16 @@ class Controller:
             progress, self._progress_due = self._progress_due, False
             self.flag = self._wants_slow_path()
         return progress
+
+    def _report_exactness(self) -> None:
+        """What an exact resume depends on: reported at the first progress tick, and again
+        whenever the program changes a deterministic setting (a few attribute reads per second)."""
+        from . import fingerprint
+
+        now = fingerprint.settings()
+        if now != self._exactness_reported:
+            self._exactness_reported = now
+            self._emit("exactness", fingerprint.report())
 
     def _all_written(self, mine: bool) -> bool:
         """Whether every rank of the job wrote its part of this checkpoint (one rank: ``mine``)."""

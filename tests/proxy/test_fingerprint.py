@@ -1,0 +1,75 @@
+"""What exactness depends on, through the CLI: a checkpoint records the fingerprint, a restore
+re-applies the deterministic settings the program had set, refuses a process that differs
+(naming the difference), and a checkpoint of another format is refused naming who wrote it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from backend.proxy import CheckpointError, CheckpointStore, fingerprint, state
+
+SCRIPT = """\
+import time
+import torch
+torch.use_deterministic_algorithms(True)
+torch.backends.cudnn.benchmark = True
+for i in range(40):
+    time.sleep(0.05)
+    print(i, torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark, flush=True)
+"""
+
+
+@pytest.fixture()
+def stopped(launcher, tmp_path):
+    """The script stopped at a checkpoint after its settings were made (and a progress tick)."""
+    script = tmp_path / "settings.py"
+    script.write_text(SCRIPT)
+    ck = tmp_path / "ck"
+    run = launcher.run([str(script), "--checkpoint-dir", str(ck), "--stop-at-step", "30"])
+    assert run.rc == 75, run.describe()
+    return script, ck, run
+
+
+def test_exactness_event_warns_about_cudnn_benchmark_and_restore_reapplies_settings(launcher, stopped):
+    script, ck, run = stopped
+    report = run.events("exactness")[-1][1]  # the latest: settings changed after the first
+    assert report["fingerprint"]["python"] and report["fingerprint"]["torch"]
+    assert report["fingerprint"]["settings"]["cudnn_benchmark"] is True
+    assert any("cudnn.benchmark is on" in w for w in report["warnings"]) and report["gpu_exact"] is False
+    # The statements that set them are skipped on restore; the settings come back all the same.
+    resumed = launcher.run([str(script), "--checkpoint-dir", str(ck), "--restore"])
+    assert resumed.rc == 0, resumed.describe()
+    lines = resumed.stdout.splitlines()
+    assert lines and all(line.endswith("True True") for line in lines), lines
+
+
+def test_restore_in_a_process_that_differs_is_refused_naming_the_difference(launcher, stopped):
+    script, ck, _ = stopped
+    env = {fingerprint.OVERRIDE_ENV: json.dumps({"torch": "0.0.1-other"})}
+    refused = launcher.run([str(script), "--checkpoint-dir", str(ck), "--restore"], env=env)
+    assert refused.rc == 2, refused.describe()
+    assert "cannot resume exactly here: torch " in refused.stderr
+    assert "(checkpoint) vs 0.0.1-other (here)" in refused.stderr
+    assert refused.stdout == ""  # refused before running anything
+
+
+def test_checkpoint_of_another_format_is_refused_naming_its_writer(stopped, monkeypatch):
+    _, ck, _ = stopped
+    ref = CheckpointStore(ck).latest()
+    assert ref is not None
+    monkeypatch.setattr(state, "GRAPH_FORMAT", state.GRAPH_FORMAT + 1)  # as a newer engine would read it
+    with pytest.raises(CheckpointError) as err:
+        state.load_graph(ref, 0, {}, "irrelevant")
+    text = str(err.value)
+    assert f"in checkpoint format {state.GRAPH_FORMAT - 1}" in text
+    assert f"this engine reads format {state.GRAPH_FORMAT}" in text
+    assert "written by engine " in text and "start the job over" in text
+
+
+def test_differences_compare_only_what_the_checkpoint_depends_on():
+    recorded = {"python": "3.11.7", "torch": None, "numpy": "2.0.0", "device": "cpu"}
+    assert fingerprint.differences(recorded, {"python": "3.11.7", "torch": "9", "numpy": "2.0.0", "device": "cpu"}) == []
+    assert fingerprint.differences(recorded, {"python": "3.12.1", "numpy": "2.0.0", "device": "NVIDIA H200"}) == [
+        "python 3.11.7 (checkpoint) vs 3.12.1 (here)", "device cpu (checkpoint) vs NVIDIA H200 (here)"]
+    assert fingerprint.matches(None, None) and not fingerprint.matches(recorded, None)
