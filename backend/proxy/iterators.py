@@ -54,16 +54,21 @@ _SETSTATE_ITERS = tuple({type(iter(x)) for x in ([], (), range(1), "", "\u20ac",
 _POSITION_ITERS = _SETSTATE_ITERS + tuple({type(iter(x)) for x in ({}, {}.values(), {}.items(), set())})
 
 
+#: attribute of a DataLoader iterator recording how to re-create it (set by training_state.install)
+LOADER_ORIGIN = "_sg_origin"
+
+
 class Leaf:
     """One evaluated sub-expression of a loop's iterable (``index`` = its maker slot)."""
 
-    __slots__ = ("index", "value", "kind", "mode")
+    __slots__ = ("index", "value", "kind", "mode", "iterator")
 
     def __init__(self, index: int, value: Any) -> None:
         self.index = index
         self.value = value
         self.kind = ""  # seq | dataloader | iterator | iterable, set when the loop starts
         self.mode = ""  # for a dataloader: skip | replay
+        self.iterator: Optional[Iterator[Any]] = None  # iter(value), made when the loop starts
 
 
 class Node:
@@ -179,7 +184,8 @@ class LoopSource:
 
 def _build(tree: Any) -> Iterator[Any]:
     if isinstance(tree, Leaf):
-        return iter(tree.value)
+        tree.iterator = iter(tree.value)
+        return tree.iterator
     kids = [_build(c) for c in tree.children]
     if tree.kind == "enumerate":
         return enumerate(kids[0], **tree.kwargs)
@@ -205,6 +211,10 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
                     f"the loop at line {line} iterates a DataLoader with persistent_workers=True: a restore "
                     f"starts new workers, so randomness drawn inside the workers after the loader's first "
                     f"epoch will differ from an uninterrupted run", RuntimeWarning, stacklevel=2)
+            if LOADER_ORIGIN in getattr(leaf.iterator, "__dict__", {}):
+                # the live iterator knows the RNG of its creation and of its first batch, which
+                # `zip(loader_a, loader_b)` interleaves: it pickles itself (training_state.py)
+                return {"how": "pickled", "index": leaf.index, "iterator": leaf.iterator}
             return {"how": "dataloader", "index": leaf.index, "loader": leaf.value, "mode": leaf.mode}
         if leaf.kind == "iterable":
             return {"how": "iterable", "index": leaf.index, "iterable": leaf.value}

@@ -174,7 +174,7 @@ def _set_scaler(scaler: Any, state: dict) -> None:
 
 
 # --------------------------------------------------------------------------- DataLoader iterators
-_ORIGIN = "_sg_origin"
+_ORIGIN = iterators.LOADER_ORIGIN
 
 
 class LoaderOrigin:

@@ -328,3 +328,23 @@ def test_dataloader_iterators_held_in_objects_resume_at_the_same_batch(launcher,
     src = ITERATOR_HOLDER.replace("NUM_WORKERS", str(workers))
     for seed in SEEDS[:2]:
         _chain(launcher, src, tmp_path / str(seed), seed)
+
+
+ZIPPED_LOADERS = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+a = DataLoader(TensorDataset(torch.arange(12.0)), batch_size=2, shuffle=True, num_workers=NUM_WORKERS)
+b = DataLoader(TensorDataset(torch.arange(100.0, 112.0)), batch_size=2, shuffle=True)
+for epoch in range(2):
+    for (x,), (y,) in zip(a, b):
+        print(epoch, x.tolist(), y.tolist(), torch.rand(1).item())
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_zipped_shuffled_loaders_resume_exactly(launcher, tmp_path, workers):
+    """Each loader's sampler draws its shuffle seed at its own first batch, after both iter()s:
+    rebuilding them one after the other used to give the first loader another order."""
+    for seed in SEEDS[:2]:
+        _chain(launcher, ZIPPED_LOADERS.replace("NUM_WORKERS", str(workers)), tmp_path / str(seed), seed)
