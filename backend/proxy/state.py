@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import cloudpickle
 
-from . import context, iterators, lazy, rng, training_state
+from . import context, handles, iterators, lazy, rng, training_state
 from .errors import CheckpointError, CheckpointFailure
 from .rewrite import PREFIX
 from .store import CheckpointStore
@@ -160,6 +160,8 @@ class ProxyPickler(cloudpickle.Pickler):
             state["_iterator"] = None  # a live persistent-workers iterator; recreated by iter()
             return copyreg.__newobj__, (t,), state
         reduced = training_state.reduce(obj)  # grads, optimizers, schedulers, scalers, loader iterators
+        if reduced is NotImplemented:
+            reduced = handles.reduce(obj)  # a TensorBoard writer: re-opened on restore
         if reduced is not NotImplemented:
             return reduced
         return super().reducer_override(obj)
@@ -361,16 +363,19 @@ def _write_checkpoint(rt: "Runtime", boundary: Optional[int], label: int) -> tup
             if index is not None:
                 rebuild[name] = index
 
-    def plan() -> list[tuple[str, str, str]]:
+    def plan() -> list[tuple[str, str, str, str]]:
         """Probe everything; schedule rebuilds where sound; return what stays unsaveable."""
         rest_ns = namespace if saved_locals is not None else _without(namespace, rebuild)
         rest_locals = _without(saved_locals, rebuild) if saved_locals is not None else None
         stuck = []
         rebuild_scope = "locals" if saved_locals is not None else "namespace"
         for where, name, type_name, err in _diagnose(rest_ns, rest_locals, position):
-            index = _rebuild_statement(rt, name, current) if where == rebuild_scope else None
+            mine = where == rebuild_scope
+            # re-running the statement is exact only for values that hold no progress of the job
+            index = _rebuild_statement(rt, name, current) if mine and handles.progress_free(scope[name]) else None
             if index is None:
-                stuck.append((name, type_name, err))
+                advice = handles.explain(name, scope[name], probe) if mine else ""
+                stuck.append((name, type_name, err, advice))
             else:
                 rebuild[name] = index
                 rt._unpicklable_cache[name] = id(scope[name])
@@ -399,18 +404,17 @@ def _write_checkpoint(rt: "Runtime", boundary: Optional[int], label: int) -> tup
     raise CheckpointFailure("cannot save the program state even after excluding the rebuildable variables")
 
 
-def _failure(loops: list[CheckpointFailure], stuck: list[tuple[str, str, str]]) -> CheckpointFailure:
+def _failure(loops: list[CheckpointFailure], stuck: list[tuple[str, str, str, str]]) -> CheckpointFailure:
     parts = [str(f) for f in loops]
     variables = [v for f in loops for v in f.variables]
     named = {v[0] for v in variables}
     stuck = [s for s in stuck if s[0] not in named]
     if stuck:
-        listing = "; ".join(f"`{n}` ({t}: {err})" for n, t, err in stuck)
-        parts.append(
-            f"these variables cannot be saved: {listing}. Close or delete them before the loop "
-            f"(`del name`), create them in one top-level statement that nothing reassigns (they are "
-            f"then rebuilt on restore), or keep them out of the job's state")
-        variables += [[n, t] for n, t, _ in stuck]
+        listing = "; ".join(f"`{n}` ({t}: {err})" for n, t, err, _ in stuck)
+        advice = "; ".join(a for *_, a in stuck if a) or (
+            "close or delete them before the loop (`del name`), or keep them out of the job's state")
+        parts.append(f"these variables cannot be saved: {listing}. To fix: {advice}")
+        variables += [[n, t] for n, t, _, _ in stuck]
     return CheckpointFailure("cannot checkpoint: " + " Also, ".join(parts), variables)
 
 

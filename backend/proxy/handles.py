@@ -1,0 +1,66 @@
+"""Objects that stand for something outside the process: re-opened, re-created, or refused.
+
+A checkpoint cannot hold an open socket or a thread, but a few such objects carry no progress
+of the job at all, so a restore may make them anew and stay exact:
+
+* a TensorBoard ``SummaryWriter`` is flushed when checkpointed and re-opened on restore on the
+  same log folder (a new event file beside the old ones: TensorBoard reads them as one log);
+* locks, events, conditions, thread pools and loggers (modules in `PROGRESS_FREE_MODULES`) may
+  be re-created by re-running the one statement that made them (state.py checks the statement).
+
+Anything else that does not pickle is refused, with advice that names the attribute that fails
+(`explain`): re-running ``bl = Infinite(ds)`` would silently restart whatever ``bl`` had done.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+#: an unpicklable value of a type from these modules holds no progress: its statement may be re-run
+PROGRESS_FREE_MODULES = ("threading", "_thread", "concurrent.futures", "logging", "multiprocessing.synchronize",
+                         "torch.utils.tensorboard")
+
+
+def progress_free(value: Any) -> bool:
+    """True for a value that re-running its creating statement re-creates exactly."""
+    module = getattr(type(value), "__module__", "") or ""
+    return any(module == m or module.startswith(m + ".") for m in PROGRESS_FREE_MODULES)
+
+
+def reduce(obj: Any) -> Any:
+    """A reduction that re-opens ``obj`` on restore, or NotImplemented."""
+    cls = type(obj)
+    if cls.__name__ == "SummaryWriter" and cls.__module__.startswith("torch.utils.tensorboard"):
+        obj.flush()  # what was logged up to the checkpoint is on disk before it counts
+        return _reopen_summary_writer, (cls, obj.log_dir, obj.max_queue, obj.flush_secs, obj.filename_suffix)
+    return NotImplemented
+
+
+def _reopen_summary_writer(cls: type, log_dir: str, max_queue: int, flush_secs: int, suffix: str) -> Any:
+    return cls(log_dir=log_dir, max_queue=max_queue, flush_secs=flush_secs, filename_suffix=suffix)
+
+
+def explain(name: str, value: Any, probe: Callable[[Any], Optional[str]]) -> str:
+    """Advice for one variable that cannot be saved, naming the attribute that fails if there is one."""
+    path, culprit = _culprit(name, value, probe)
+    kind = type(culprit).__name__
+    if path != name:
+        owner = type(value).__name__
+        attr = path.rsplit(".", 1)[-1]
+        return (f"`{path}` is a {kind}, which cannot be saved and holds state a re-created `{name}` would "
+                f"lose; give {owner} `__getstate__`/`__setstate__` methods that leave out `{attr}` and "
+                f"re-open it, or create `{attr}` inside the loop body and close it there")
+    if progress_free(value):
+        return (f"`{name}` ({kind}) is re-created on restore only when one top-level statement that nothing "
+                f"reassigns creates it; create it that way, or `del {name}` before the loop")
+    return (f"`{name}` ({kind}) cannot be saved and re-creating it could resume differently; close it or "
+            f"`del {name}` before the loop, or create and close it inside the loop body")
+
+
+def _culprit(name: str, value: Any, probe: Callable[[Any], Optional[str]], depth: int = 3) -> tuple[str, Any]:
+    """The deepest attribute of ``value`` (through plain instance dicts) that does not pickle."""
+    attrs = getattr(value, "__dict__", None)
+    if depth and isinstance(attrs, dict) and not isinstance(value, type):
+        for attr, inner in attrs.items():
+            if probe(inner) is not None:
+                return _culprit(f"{name}.{attr}", inner, probe, depth - 1)
+    return name, value

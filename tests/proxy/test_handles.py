@@ -1,0 +1,123 @@
+"""Objects that stand for something outside the process: a TensorBoard writer is re-opened on the
+same log, a lock is re-created, and an object holding a socket is refused with advice that names
+the attribute, never re-created from its statement (which would restart its progress)."""
+from __future__ import annotations
+
+import socket
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from backend.proxy import handles
+from backend.proxy.state import probe
+from harness import EXIT_PREEMPTED, Launcher, pick_stops, run_chain, trace_of
+
+pytest.importorskip("tensorboard", reason="the TensorBoard writer test needs the test extra (tensorboard)")
+
+WRITER = """
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+class Trainer:
+    def __init__(self, logdir):
+        self.writer = SummaryWriter(logdir, flush_secs=1)
+        self.model = torch.nn.Linear(3, 1)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+torch.manual_seed(0)
+t = Trainer(LOGDIR)
+x, y = torch.randn(16, 3), torch.randn(16, 1)
+for step in range(10):
+    t.opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(t.model(x), y)
+    loss.backward()
+    t.opt.step()
+    t.writer.add_scalar("loss", loss.item(), step)
+    print(step, loss.item().hex())
+t.writer.close()
+"""
+
+
+def _scalars(logdir: Path) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = []
+    for f in sorted(logdir.glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(f))
+        acc.Reload()
+        events += [(e.step, e.value) for e in acc.Scalars("loss")] if "loss" in acc.Tags()["scalars"] else []
+    return sorted(events)
+
+
+@pytest.fixture(scope="module")
+def launcher():
+    lau = Launcher()
+    yield lau
+    lau.close()
+
+
+@pytest.mark.parametrize("seed", [5, 17])
+def test_summary_writer_is_reopened_on_the_same_log(launcher, tmp_path, seed):
+    base_dir, chain_dir = tmp_path / "base-log", tmp_path / "chain-log"
+    script = tmp_path / "job.py"
+    script.write_text(WRITER.replace("LOGDIR", repr(str(base_dir))))
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    script.write_text(WRITER.replace("LOGDIR", repr(str(chain_dir))))
+    # the same program writing elsewhere: its safe points are the base run's
+    stops = pick_stops(trace, seed, extra=2)
+    out, runs = run_chain(launcher, [str(script)], stops, tmp_path / "ck")
+    assert out == base.stdout
+    assert _scalars(chain_dir) == _scalars(base_dir) and len(_scalars(base_dir)) == 10
+    assert len(list(chain_dir.glob("events.out.tfevents.*"))) > 1  # re-opened, appended beside
+    assert all(not d["rebuilt"] for r in runs for _, d in r.events("checkpointed"))
+
+
+SOCKET_HOLDER = """
+import socket
+
+class Client:
+    def __init__(self):
+        self.sent = 0
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+
+c = Client()
+for i in range(4):
+    c.sent += 1
+    print(i, c.sent)
+c.sock.close()
+"""
+
+
+def test_an_object_holding_a_socket_is_refused_with_advice_naming_the_attribute(launcher, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(SOCKET_HOLDER))
+    run = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / "ck"), "--stop-at-step", "5"])
+    assert run.rc == 0, run.describe()  # refused: it runs on to the end instead of stopping
+    assert run.stdout.splitlines()[-1] == "3 4"
+    failed = [d for _, d in run.events("checkpoint_failed")]
+    assert failed, run.describe()
+    error = failed[0]["error"]
+    assert "`c.sock` is a socket" in error and "__getstate__" in error, error
+    assert ["c", "Client"] in failed[0]["variables"]
+
+
+def test_progress_free_types_and_explanations():
+    import threading
+
+    sock = socket.socket()
+    try:
+        assert handles.progress_free(threading.Lock()) and not handles.progress_free(sock)
+        assert "close it or `del s`" in handles.explain("s", sock, probe)
+    finally:
+        sock.close()
+    assert "re-created on restore only when" in handles.explain("lock", threading.Lock(), probe)
+
+
+def test_a_stop_request_on_refused_state_keeps_the_program_running(launcher, tmp_path):
+    """The same socket holder with a stop requested at every safe point in turn: never a stop."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(SOCKET_HOLDER))
+    for step in (3, 6):
+        run = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / f"ck{step}"), "--stop-at-step", str(step)])
+        assert run.rc != EXIT_PREEMPTED and run.rc == 0, run.describe()
