@@ -128,18 +128,21 @@ class Controller:
             return
         self._report_timeout(request, now)
 
-    def _report_timeout(self, request: _Request, now: float) -> None:
+    def _report_timeout(self, request: _Request, now: float, stage: str = "safe point") -> None:
+        """``stage``: what did not happen in time, "safe point" (none reached) or "agreement" (the
+        ranks of a job reached no common safe point)."""
         from . import where
 
         rt = self._runtime
         spot = where.locate(self._thread_id, rt.program.filename) if rt is not None and self._thread_id else {}
         waited = now - request.requested_at
+        what = "no safe point reached" if stage == "safe point" else "the ranks reached no common safe point"
         self._emit("checkpoint_failed", {
-            "error": f"no safe point reached within {waited:.0f} s: the job is at {where.describe(spot)}. "
+            "error": f"{what} within {waited:.0f} s: the job is at {where.describe(spot)}. "
                      f"Safe points are at the top of the loops the engine instruments (see the job's "
                      f"'interruptible' event); the job runs on untouched",
             "variables": [], "timeout": True, "waited_s": round(waited, 3), "where": spot,
-            "then": request.then, "reason": request.reason})
+            "then": request.then, "reason": request.reason, "stage": stage})
 
     def checkpoint_at_step(self, step: int, then: Then = "stop") -> None:
         """Checkpoint at the first safe point whose step is >= ``step`` (used by the CLI and tests)."""

@@ -216,6 +216,8 @@ class DistributedController(Controller):
         self.flag = True
         self._in_cut: Optional[_Request] = None
         self._in_cut_at = 0.0
+        #: this rank answered a request as timed out since the last agreement
+        self._withdrawn = False
 
     def _expire(self) -> None:
         """As for one rank; a request already handed to the cut is withdrawn through it."""
@@ -228,7 +230,7 @@ class DistributedController(Controller):
             self._in_cut = request
             self._arm_expiry(request.deadline - now)
         elif self.cut.expire(self._in_cut_at):
-            self._report_timeout(request, now)
+            self._report_timeout(request, now, "agreement")
 
     def _wants_slow_path(self) -> bool:
         return True
@@ -246,7 +248,21 @@ class DistributedController(Controller):
             return None, progress
         reason = mine[1] if mine is not None else "consistent cut (requested by another rank)"
         requested_at = mine[2] if mine is not None else time.monotonic()
-        return _Request(decision.then, reason or "consistent cut", requested_at, _agree_on_label(rt.step)), progress
+        label, withdrawn = _agree_on_label(rt.step, self._withdrawn)
+        self._withdrawn = False
+        if withdrawn:
+            # A rank already answered this request as timed out (its bits had spread before the
+            # withdrawal could): the ranks agree, in the same collective, to take no checkpoint.
+            return None, progress
+        return _Request(decision.then, reason or "consistent cut", requested_at, label), progress
+
+    def request_checkpoint(self, then: str = "continue", reason: str = "", timeout_s: Optional[float] = None) -> None:
+        self._withdrawn = False  # a new request: the timed-out one was answered and is done
+        super().request_checkpoint(then, reason, timeout_s)  # type: ignore[arg-type]
+
+    def _report_timeout(self, request: _Request, now: float, stage: str = "safe point") -> None:
+        self._withdrawn = True  # whatever agreement is reached next for it must not be acted on
+        super()._report_timeout(request, now, stage)
 
     def _all_written(self, mine: bool) -> bool:
         """Agree on the outcome: if any rank could not write its part, no rank stops (the set will
@@ -259,16 +275,17 @@ class DistributedController(Controller):
         return bool(ok.item())
 
 
-def _agree_on_label(step: int) -> int:
-    """The checkpoint's number, the same on every rank: the largest of their step counts.
+def _agree_on_label(step: int, withdrawn: bool = False) -> tuple[int, bool]:
+    """The checkpoint's number, the same on every rank: the largest of their step counts; and
+    whether any rank withdrew the request (its bound passed), so that none acts on it.
 
     Ranks decide at the same point of their collective sequence, not necessarily after the same
     number of safe points (a validation loop only rank 0 runs adds some), while the parts of one
     checkpoint must share a folder. Each rank's count only grows, so the maximum does too, and
-    checkpoints stay ordered. One 8-byte allreduce per checkpoint, none in the steady state."""
+    checkpoints stay ordered. One 16-byte allreduce per checkpoint, none in the steady state."""
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([step], dtype=torch.int64)
+    t = torch.tensor([step, int(withdrawn)], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return int(t[0].item()), bool(t[1].item())
