@@ -131,3 +131,32 @@ def test_start_event_says_where_a_job_can_be_interrupted(bounded):
             assert "line(s) 3 (in main)" in info["message"] and "called from line(s) 7" in info["message"]
         else:
             assert info["interruptible"] is True and info["safe_points"][0]["function"] == "main"
+
+
+def test_a_request_the_ranks_agreed_on_too_late_is_not_acted_on(bounded, tmp_path):
+    """The request reaches a safe point and spreads to every rank through their allreduce, then
+    the ranks get stuck before the next one: after the bound they answer checkpoint_failed and,
+    when they reach a safe point again, all of them take no checkpoint (none stops alone)."""
+    name = "ddp_stuck_after_marker.py"
+    marker = tmp_path / "go"
+    with bounded.client() as client:
+        plain = client.submit(source(name), filename=name, gpus=2, env={"STEPS": "20", "MARKER": str(marker)},
+                              name="ddp-plain-marker")
+        assert plain.wait(180) == JobState.SUCCEEDED, plain.info.error
+        job = client.submit(source(name), filename=name, gpus=2, name="ddp-agreed",
+                            env={"STEPS": "20", "MARKER": str(marker), "STUCK_S": "8"})
+        wait_for_lines(job, 4)
+        marker.write_text("")
+        deadline = time.monotonic() + 60
+        while not marker.with_name("go.ack").exists():  # the ranks passed this step's safe point
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        asked = time.monotonic()
+        with pytest.raises(CheckpointFailed, match="ddp_stuck_after_marker"):
+            job.resize(1, timeout=BOUND + SLACK + 30, checkpoint_timeout=BOUND)
+        assert time.monotonic() - asked < BOUND + SLACK
+        assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+        assert rank_lines(job) == rank_lines(plain)
+        failed = _events(job, EventType.CHECKPOINT_FAILED)
+        assert any(e.data.get("stage") == "agreement" for e in failed), [e.data for e in failed]
+        assert not _events(job, EventType.CHECKPOINTED) and not _events(job, EventType.RESIZED)
