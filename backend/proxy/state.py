@@ -75,6 +75,8 @@ except AttributeError as _e:  # pragma: no cover
 GRAPH_FORMAT = 1
 #: the first bytes of every file torch.save writes (a zip archive); a plain pickle starts with 0x80
 _ZIP_MAGIC = b"PK\x03\x04"
+#: a pickle of protocol 5: what `dedup.dump` writes (a torch-free graph is protocol 4)
+_DEDUP_MAGIC = b"\x80\x05"
 #: not saved: the restoring process sets its own (``__file__``: the script where it runs now, see context.py)
 _SKIP_NAMES = frozenset({"__builtins__", "__loader__", "__spec__", "__file__"})
 #: (namespace, own): functions whose globals are ``namespace`` are saved bound to it; ``own`` says it is
@@ -452,9 +454,10 @@ def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,
                blobs: Optional[dict[str, int]] = None) -> int:
     """Write ``graph`` to ``f``; returns the blob bytes this call wrote.
 
-    torch.save when torch is loaded (tensors, storages written once); with ``blob_dir`` (several
-    ranks) `dedup.dump` instead, recording the blobs the file references in ``blobs``; without
-    torch a plain pickle (nothing in the graph can be a tensor, and importing torch costs ~1 s).
+    When torch is loaded, `dedup.dump` (pickle protocol 5): each tensor storage once, inline in
+    the file, or with ``blob_dir`` (several ranks) in the shared blob folder unless it is small,
+    recording the blobs the file references in ``blobs``.  Without torch a plain pickle
+    (protocol 4: nothing in the graph can be a tensor, and importing torch costs ~1 s).
     """
     torch = lazy.torch()
     tail = graph.get("tail")
@@ -463,15 +466,11 @@ def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,
         with notes:
             ProxyPickler(f, protocol=4).dump(graph)
         return 0
-    if blob_dir is None:
-        with notes:
-            torch.save(graph, f, pickle_module=PICKLE_MODULE, pickle_protocol=4)
-        return 0
     from . import dedup
 
     with notes:
-        stats = dedup.dump(graph, f, dedup.BlobStore(blob_dir), pickler=PICKLE_MODULE.Pickler,
-                           protocol=4)
+        stats = dedup.dump(graph, f, dedup.BlobStore(blob_dir) if blob_dir is not None else None,
+                           pickler=PICKLE_MODULE.Pickler, protocol=5)
     if blobs is not None:
         blobs.update(stats.storages)
     return stats.blob_bytes_written
@@ -479,16 +478,22 @@ def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,
 
 # --------------------------------------------------------------------------- reading
 def _read_graph(path: Path, blob_dir: Path) -> Any:
-    """Read a file `save_graph` wrote; torch is imported only for a torch.save archive or blobs."""
+    """Read a file `save_graph` wrote; torch is imported only when the file holds tensors.
+
+    Told apart by the first bytes: protocol 5 is `dedup.dump` (tensors inline or in blobs);
+    protocol 4 is a torch-free pickle, or from an earlier engine a multi-rank file beside
+    ``blobs/``; a zip archive is an earlier engine's torch.save.
+    """
     with open(path, "rb") as f:
-        if f.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
+        head = f.read(len(_ZIP_MAGIC))
+        if head != _ZIP_MAGIC:
             f.seek(0)
-            if not blob_dir.is_dir():  # a torch-free pickle (or a graph without tensors)
+            if head[:2] != _DEDUP_MAGIC and not blob_dir.is_dir():  # a torch-free pickle
                 return pickle.load(f)
             from . import dedup
 
-            return dedup.load(f, dedup.BlobStore(blob_dir), unpickler=PICKLE_MODULE.Unpickler,
-                              map_location=_map_device)
+            blobs = dedup.BlobStore(blob_dir) if blob_dir.is_dir() else None
+            return dedup.load(f, blobs, unpickler=PICKLE_MODULE.Unpickler, map_location=_map_device)
     import torch
 
     return torch.load(path, map_location=_map_location, pickle_module=PICKLE_MODULE, weights_only=False)

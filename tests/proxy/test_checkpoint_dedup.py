@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import pickle
 import json
 import shutil
 import warnings
@@ -148,6 +149,9 @@ def test_a_checkpoint_with_a_missing_or_torn_blob_is_skipped(stopped: dict[int, 
 
 
 # ---------------------------------------------------------------------------- the store with dedup writers
+#: a tensor above dedup.INLINE_BYTES, so it goes to a blob
+BIG = torch.arange(float(dedup.INLINE_BYTES // 4 + 1000))
+
 def _dedup_writer(state: dict):
     def writer(f: RankFile) -> None:
         f.blobs.update(dedup.dump(state, f, dedup.BlobStore(f.blob_dir)).storages)
@@ -163,10 +167,10 @@ def _write_two_ranks(store: CheckpointStore, step: int, shared: torch.Tensor) ->
 @pytest.mark.parametrize("damage", ["delete", "truncate"])
 def test_latest_falls_back_past_a_damaged_blob(tmp_path: Path, damage: str) -> None:
     store = CheckpointStore(tmp_path)
-    older = _write_two_ranks(store, 1, torch.arange(1000.0))
-    newer = _write_two_ranks(store, 2, torch.arange(1000.0) * 2)
+    older = _write_two_ranks(store, 1, BIG)
+    newer = _write_two_ranks(store, 2, BIG * 2)
     manifest = json.loads((newer / "manifest.json").read_text())
-    assert len(manifest["blobs"]) == 3, "one shared blob and each rank's own"
+    assert len(manifest["blobs"]) == 1, "one shared blob; each rank's small tensor is inline"
     blob = max((newer / BLOB_DIR).iterdir(), key=lambda p: p.stat().st_size)  # the shared one
     digest = blob.name
     if damage == "delete":
@@ -180,7 +184,7 @@ def test_latest_falls_back_past_a_damaged_blob(tmp_path: Path, damage: str) -> N
 
 def test_a_blob_with_the_right_size_but_wrong_bytes_is_caught(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
-    path = _write_two_ranks(store, 3, torch.ones(64))
+    path = _write_two_ranks(store, 3, torch.ones(BIG.numel()))
     blob = max((path / BLOB_DIR).iterdir(), key=lambda p: p.stat().st_size)
     blob.write_bytes(b"\0" * blob.stat().st_size)
     with pytest.warns(CheckpointDamaged, match="sha256"):
@@ -190,7 +194,7 @@ def test_a_blob_with_the_right_size_but_wrong_bytes_is_caught(tmp_path: Path) ->
 def test_a_stale_claim_does_not_suppress_a_blob(tmp_path: Path) -> None:
     """A claim whose writer died (its lock is gone) is taken over: the blob is written anyway."""
     store = CheckpointStore(tmp_path)
-    shared = torch.arange(500.0)
+    shared = BIG
     staging = tmp_path / ".ckpt-00000004.tmp" / BLOB_DIR
     staging.mkdir(parents=True)
     digest = hashlib.sha256(dedup.storage_bytes(shared.untyped_storage())).hexdigest()
@@ -209,15 +213,33 @@ def test_a_stale_claim_does_not_suppress_a_blob(tmp_path: Path) -> None:
 
 def test_equal_bytes_load_as_separate_tensors(tmp_path: Path) -> None:
     """Two zero-initialised biases share a blob, not memory: an in-place update must not leak."""
-    a, b = torch.zeros(16), torch.zeros(16)
-    blobs = dedup.BlobStore(tmp_path)
+    for n in (16, BIG.numel()):  # inline, and through one blob
+        a, b = torch.zeros(n), torch.zeros(n)
+        blobs = dedup.BlobStore(tmp_path / str(n))
+        buf = io.BytesIO()
+        stats = dedup.dump({"a": a, "b": b, "view": a[4:]}, buf, blobs)
+        assert len(stats.storages) == (1 if n > 16 else 0)
+        buf.seek(0)
+        out = dedup.load(buf, blobs)
+        out["a"][5] = 1.0
+        assert out["b"].sum().item() == 0.0 and out["view"][1].item() == 1.0
+
+
+def test_small_tensors_go_inline_once_per_storage(tmp_path: Path) -> None:
+    """Thousands of tiny tensors cost no blob files; views keep sharing; nothing is lost."""
+    tiny = [torch.randn(128) for _ in range(4096)]
+    state = {"tiny": tiny, "views": [t[3:9] for t in tiny[:50]], "grad_like": tiny[0].clone()}
+    blobs = dedup.BlobStore(tmp_path / "blobs")
     buf = io.BytesIO()
-    stats = dedup.dump({"a": a, "b": b, "view": a[4:]}, buf, blobs)
-    assert len(stats.storages) == 1
+    stats = dedup.dump(state, buf, blobs)
+    assert stats.storages == {} and not (tmp_path / "blobs").exists()
+    assert stats.inline_bytes == 4097 * 512
+    assert stats.file_bytes < 4097 * 512 * 1.3, "each storage's bytes are written once"
     buf.seek(0)
     out = dedup.load(buf, blobs)
-    out["a"][5] = 1.0
-    assert out["b"].sum().item() == 0.0 and out["view"][1].item() == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(out["tiny"], tiny))
+    out["tiny"][7][5] = 99.0
+    assert out["views"][7][2].item() == 99.0, "a view shares its base's storage after loading"
 
 
 def test_tensor_attributes_survive(tmp_path: Path) -> None:
@@ -230,3 +252,37 @@ def test_tensor_attributes_survive(tmp_path: Path) -> None:
     out = dedup.load(buf, blobs)
     assert out["again"] is out["p"] and out["p"].shard_info["owner"] is out["p"]
     assert torch.equal(out["p"], p) and isinstance(out["p"], torch.nn.Parameter)
+
+
+def test_rank_files_of_earlier_engines_still_load(tmp_path: Path) -> None:
+    """A torch.save zip archive (one rank) and a persistent-id pickle beside blobs (several ranks),
+    as earlier versions wrote them, load with shared storage and parameters intact."""
+    from backend.proxy import state as state_module
+
+    w = torch.nn.Parameter(torch.randn(50))
+    graph = {"w": w, "view": w.data[10:20], "format": 1}
+    zipped = tmp_path / "rank-0.pt"
+    torch.save(graph, zipped, pickle_module=state_module.PICKLE_MODULE, pickle_protocol=4)
+    loaded = state_module._read_graph(zipped, tmp_path / "no-blobs")
+    assert torch.equal(loaded["w"], w) and isinstance(loaded["w"], torch.nn.Parameter)
+
+    class OldPickler(pickle.Pickler):  # what dedup.dump wrote before tensors were reduced inline
+        seen = False
+
+        def persistent_id(self, obj):
+            if isinstance(obj, torch.Tensor) and obj is w:
+                if self.seen:
+                    return ("sg-tensor", 0)
+                self.seen = True
+                data = dedup.storage_bytes(obj.untyped_storage())
+                digest = hashlib.sha256(data).hexdigest()
+                dedup.BlobStore(tmp_path / BLOB_DIR).put(digest, data)
+                return ("sg-tensor", 0, (digest, obj.untyped_storage().nbytes(), "float32", (50,), (1,), 0,
+                                         True, True, "cpu", 0))
+            return None
+
+    old = tmp_path / "rank-1.pt"
+    with open(old, "wb") as f:
+        OldPickler(f, protocol=4).dump({"w": w, "again": w, "format": 1})
+    loaded = state_module._read_graph(old, tmp_path / BLOB_DIR)
+    assert loaded["again"] is loaded["w"] and torch.equal(loaded["w"], w)
