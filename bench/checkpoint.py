@@ -17,10 +17,10 @@ Restore: ``scheduled`` (placement of the new attempt) -> the first line the resu
 split into agent start (``started``: worker process launched), ``started`` -> ``resumed`` (the
 worker's start-up and verifying the checkpoint's sha256: it sends ``resumed`` once
 ``CheckpointStore.latest()`` has verified it, before loading it) and ``resumed`` -> first line
-(loading it with ``torch.load``, walking back into the loop, the first iteration; and ``import
+(loading it, walking back into the loop, the first iteration; and ``import
 torch`` wherever the worker has not imported it yet). While the job is preempted, a fresh process
 times the restore's own steps one by one on the same checkpoint (``import torch``, sha256 verify,
-``torch.load``): the "anatomy" table.
+loading the rank file): the "anatomy" table.
 
 Disk: ``write`` = write + fsync of the file; ``read`` = reading it back right after (page cache
 warm, as it is for the restore, which reads the checkpoint just written); ``cold`` = reading it
@@ -188,13 +188,13 @@ import json, sys, time
 t = time.perf_counter()
 import torch
 t_import = time.perf_counter() - t
-from backend.proxy.state import PICKLE_MODULE
+from backend.proxy.state import _read_graph
 from backend.proxy.store import CheckpointStore
 t = time.perf_counter()
 ref = CheckpointStore(sys.argv[1]).latest()
 t_verify = time.perf_counter() - t
 t = time.perf_counter()
-graph = torch.load(ref.rank_file(0), map_location="cpu", pickle_module=PICKLE_MODULE, weights_only=False)
+graph = _read_graph(ref.rank_file(0), ref.blob_dir)
 t_load = time.perf_counter() - t
 print(json.dumps({"import_torch": t_import, "verify": t_verify, "load": t_load}))
 """
@@ -203,7 +203,7 @@ print(json.dumps({"import_torch": t_import, "verify": t_verify, "load": t_load})
 def restore_anatomy(job_root: Path) -> dict[str, float]:
     """In a fresh process, what the restore does with the newest checkpoint under ``job_root``, timed
     one by one: ``import torch``, verifying the manifest's sha256 (``CheckpointStore.latest``), and
-    ``torch.load`` of the rank file."""
+    loading the rank file (``state._read_graph``)."""
     import json
 
     out = subprocess.run([sys.executable, "-c", ANATOMY, str(job_root)], check=True, cwd=ROOT,
@@ -316,7 +316,7 @@ def report(results: list[dict], floor: dict[str, float]) -> None:
                      fmt_s(med(x, "disk_cold")), f"{med(x, 'restore_total') / med(x, 'disk_read'):.1f}x",
                      f"{med(x, 'restore_total') / med(x, 'disk_cold'):.1f}x"])
     print_table("restore: placement -> first new iteration", head, rows)
-    head = [("size", 7), ("import torch", 12), ("sha256 verify", 13), ("torch.load", 10), ("sum", 6),
+    head = [("size", 7), ("import torch", 12), ("sha256 verify", 13), ("load", 10), ("sum", 6),
             ("restore total", 13), ("verify/read", 11), ("load/read", 9)]
     rows = []
     for r in results:
