@@ -348,3 +348,31 @@ def test_zipped_shuffled_loaders_resume_exactly(launcher, tmp_path, workers):
     rebuilding them one after the other used to give the first loader another order."""
     for seed in SEEDS[:2]:
         _chain(launcher, ZIPPED_LOADERS.replace("NUM_WORKERS", str(workers)), tmp_path / str(seed), seed)
+
+
+def test_tensor_flags_views_and_subclasses_resume_exactly(tmp_path):
+    """requires_grad, views of a parameter, a retained non-leaf grad and a tensor subclass."""
+    src = """
+import torch
+
+class Tagged(torch.Tensor):
+    pass
+
+torch.manual_seed(0)
+w = torch.nn.Parameter(torch.randn(6, 4))
+row = w[2]
+frozen = torch.randn(4).requires_grad_(False)
+tag = torch.randn(3).as_subclass(Tagged)
+for step in range(4):
+    h = (w * 2)
+    h.retain_grad()
+    loss = (h.sum(1) ** 2).mean() + frozen.sum()
+    loss.backward()
+    with torch.no_grad():
+        w -= 0.01 * w.grad
+    print(step, loss.item().hex(), row.sum().item().hex(), h.grad.sum().item().hex(), w.requires_grad,
+          frozen.requires_grad, type(tag).__name__, (row.data_ptr() - w.data_ptr()) // 4)
+    w.grad = None
+"""
+    for seed in SEEDS:
+        assert_exact_in_process(src, tmp_path / str(seed), seed, stops=4)
