@@ -3,7 +3,7 @@
 Data-parallel replicas hold bitwise-identical parameters and optimizer state after every step.
 Written naively, a checkpoint of W ranks is W copies of the model.  Here each rank pickles its
 object graph with a ``persistent_id`` that replaces every tensor by a reference to its *storage*,
-stored once under the sha256 of its bytes in a blob folder shared by all ranks of the checkpoint.
+stored once under the digest of its bytes (digest.py) in a blob folder shared by all ranks of the checkpoint.
 The rank's own file keeps only the graph and per-tensor metadata (dtype, shape, stride, offset,
 requires_grad), so a checkpoint's size is the distinct tensor bytes plus a few KB per rank.
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextvars
 import fcntl
 import gc
-import hashlib
 import io
 import os
 import pickle
@@ -46,6 +45,7 @@ from typing import Any, BinaryIO, Callable, Optional, Union
 
 import torch
 
+from . import digest as digest_module
 from . import training_state
 from .store import BLOB_DIR
 
@@ -86,7 +86,7 @@ def storage_bytes(storage: torch.UntypedStorage) -> memoryview:
 
 
 class BlobStore:
-    """A folder of blobs named by the sha256 of their contents, shared by a checkpoint's ranks."""
+    """A folder of blobs named by the digest of their contents, shared by a checkpoint's ranks."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
@@ -172,11 +172,7 @@ class BlobStore:
         return torch.UntypedStorage.from_file(str(path), False, nbytes)
 
     def verify(self, digest: str) -> bool:
-        h = hashlib.sha256()
-        with open(self.path(digest), "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest() == digest
+        return digest_module.of_file(self.path(digest), digest_module.algorithm_of(digest)) == digest
 
     def digests(self) -> list[str]:
         if not self.folder.is_dir():
@@ -285,7 +281,7 @@ def dedup_pickler(base: type = pickle.Pickler) -> type:
                 self._stats.inline_bytes += storage.nbytes()
                 return known
             data = storage_bytes(storage)
-            digest = hashlib.sha256(data).hexdigest()
+            digest = digest_module.of_bytes(data)
             known = self._storages[storage._cdata] = (len(self._storages), digest)
             written = self._blobs.put(digest, data)
             if written is None:

@@ -41,15 +41,16 @@ import platform
 import sys
 import time
 import types
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import cloudpickle
 
-from . import context, handles, iterators, lazy, rng, training_state
+from . import context, digest, handles, iterators, lazy, rng, training_state
 from .errors import CheckpointError, CheckpointFailure
 from .rewrite import PREFIX
-from .store import CheckpointStore
+from .store import CheckpointDamaged, CheckpointStore, DigestMismatch, expected_digest
 from . import fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -477,23 +478,37 @@ def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,
 
 
 # --------------------------------------------------------------------------- reading
-def _read_graph(path: Path, blob_dir: Path) -> Any:
+def _read_graph(path: Path, blob_dir: Path, expected: Optional[tuple[str, Optional[str]]] = None) -> Any:
     """Read a file `save_graph` wrote; torch is imported only when the file holds tensors.
 
     Told apart by the first bytes: protocol 5 is `dedup.dump` (tensors inline or in blobs);
     protocol 4 is a torch-free pickle, or from an earlier engine a multi-rank file beside
-    ``blobs/``; a zip archive is an earlier engine's torch.save.
+    ``blobs/``; a zip archive is an earlier engine's torch.save.  With ``expected`` (algorithm,
+    digest) the bytes are hashed as they are read, and `DigestMismatch` is raised after.
     """
-    with open(path, "rb") as f:
-        head = f.read(len(_ZIP_MAGIC))
+    with open(path, "rb") as raw:
+        head = raw.peek(len(_ZIP_MAGIC))[:len(_ZIP_MAGIC)]
         if head != _ZIP_MAGIC:
-            f.seek(0)
-            if head[:2] != _DEDUP_MAGIC and not blob_dir.is_dir():  # a torch-free pickle
-                return pickle.load(f)
-            from . import dedup
+            f = digest.HashingReader(raw, expected[0]) if expected and expected[1] else raw
+            try:
+                if head[:2] != _DEDUP_MAGIC and not blob_dir.is_dir():  # a torch-free pickle
+                    graph = pickle.load(f)
+                else:
+                    from . import dedup
 
-            blobs = dedup.BlobStore(blob_dir) if blob_dir.is_dir() else None
-            return dedup.load(f, blobs, unpickler=PICKLE_MODULE.Unpickler, map_location=_map_device)
+                    blobs = dedup.BlobStore(blob_dir) if blob_dir.is_dir() else None
+                    graph = dedup.load(f, blobs, unpickler=PICKLE_MODULE.Unpickler, map_location=_map_device)
+                failed: Optional[BaseException] = None
+            except Exception as e:  # damaged bytes may fail the unpickler before the digest is known
+                failed = e
+            if isinstance(f, digest.HashingReader) and not f.finish(expected[1]):  # type: ignore[index]
+                raise DigestMismatch(f"{path} does not match its {expected[0]} digest "  # type: ignore[index]
+                                     f"(the file is corrupted)") from failed
+            if failed is not None:
+                raise failed
+            return graph
+    if expected and expected[1] and digest.of_file(path, expected[0]) != expected[1]:
+        raise DigestMismatch(f"{path} does not match its {expected[0]} digest (the file is corrupted)")
     import torch
 
     return torch.load(path, map_location=_map_location, pickle_module=PICKLE_MODULE, weights_only=False)
@@ -514,12 +529,22 @@ def load_graph(ref: "CheckpointRef", rank: int, target_namespace: dict, identity
         CheckpointStore(ref.path.parent).discard_staging(after=ref.step)
     token = _LOAD_NS.set(target_namespace)
     try:
-        graph = _read_graph(path, ref.blob_dir)
+        # one rank: its file is hashed as it is read (CheckpointStore.verify did not)
+        graph = _read_graph(path, ref.blob_dir, expected_digest(ref, path.name) if ref.world_size == 1 else None)
+    except DigestMismatch as e:
+        older = CheckpointStore(ref.path.parent).latest(before=ref.step)
+        warnings.warn(f"checkpoint {ref.path} is damaged and was skipped: {e}", CheckpointDamaged, stacklevel=2)
+        if older is None:
+            raise CheckpointError(f"{e}; no older checkpoint is intact: start the job over without restoring") from e
+        _LOAD_NS.reset(token)
+        token = None
+        return load_graph(older, rank, target_namespace, identity)
     except Exception as e:
         raise CheckpointError(f"cannot load {path}: {type(e).__name__}: {e}. If the code or its imports "
                               f"changed since the checkpoint, restore with the original code or start over.") from e
     finally:
-        _LOAD_NS.reset(token)
+        if token is not None:
+            _LOAD_NS.reset(token)
     if not isinstance(graph, dict) or graph.get("format") != GRAPH_FORMAT:
         written = graph if isinstance(graph, dict) else {}
         raise CheckpointError(fingerprint.format_refusal(written.get("format"), GRAPH_FORMAT,

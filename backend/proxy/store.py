@@ -4,13 +4,13 @@ Layout under a job's root::
 
     ckpt-00000042/              committed checkpoint of safe point 42
         rank-0.pt ... rank-{W-1}.pt
-        blobs/<sha256>          W > 1: tensor storages shared by the ranks (see dedup.py)
-        manifest.json           format, step, world_size, created, files {name: {bytes, sha256}},
-                                blobs {sha256: {bytes}} (only when there are blobs)
+        blobs/<digest>          W > 1: tensor storages shared by the ranks (see dedup.py)
+        manifest.json           format, step, world_size, created, files {name: {bytes, xxh3_128}},
+                                blobs {digest: {bytes}} (only when there are blobs)
     .ckpt-00000043.tmp/         staging folder of a checkpoint being written (never read)
 
 Every rank writes ``rank-R.pt.part``, fsyncs it and renames it to ``rank-R.pt`` next to a small
-``rank-R.json`` with its size and sha256.  The rank that completes the set takes an exclusive
+``rank-R.json`` with its size and digest (digest.py).  The rank that completes the set takes an exclusive
 ``.commit`` lock, writes ``manifest.json``, fsyncs, renames the staging folder to ``ckpt-*`` and
 fsyncs the root.  A crash at any moment therefore leaves either the old set of committed
 checkpoints or the old set plus a complete new one; ``latest()`` re-verifies sizes and sums.
@@ -24,7 +24,6 @@ the blobs in the manifest, so they are verified like rank files.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 import re
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Optional
 
+from . import digest
 from .errors import CheckpointError
 
 FORMAT_VERSION = 1
@@ -49,6 +49,15 @@ SLEEP_HOOK_ENV = "SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE"
 
 class CheckpointDamaged(UserWarning):
     """Warning category for a committed checkpoint that fails verification."""
+
+
+class DigestMismatch(CheckpointError):
+    """A file's bytes, hashed while they were read, differ from its manifest's digest."""
+
+
+def expected_digest(ref: "CheckpointRef", name: str) -> tuple[str, Optional[str]]:
+    """(algorithm, digest) the manifest of ``ref`` records for its file ``name``."""
+    return _entry_digest(ref.files.get(name) or {})
 
 
 @dataclass(frozen=True)
@@ -86,13 +95,13 @@ class RankFile:
     """What a writer gets: this rank's file (hashed and counted as it passes) and the blob folder.
 
     ``blob_dir`` is shared by all ranks of the checkpoint; a writer that stores blobs there
-    records the ones its file references in ``blobs`` (sha256 -> bytes) so the commit can check
+    records the ones its file references in ``blobs`` (digest -> bytes) so the commit can check
     them.  It also hosts the test sleep hook.
     """
 
     def __init__(self, f: BinaryIO, sleep_s: float, blob_dir: Path) -> None:
         self._f = f
-        self.sha = hashlib.sha256()
+        self.hash = digest.new()
         self.bytes = 0
         self._sleep_s = sleep_s
         self.blob_dir = blob_dir
@@ -100,7 +109,7 @@ class RankFile:
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self.sha.update(view)
+        self.hash.update(view)
         n = self._f.write(view)
         self.bytes += len(view)
         if self._sleep_s > 0:
@@ -116,24 +125,24 @@ class RankFile:
         self._f.flush()
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def _entry_digest(info: dict[str, Any]) -> tuple[str, Any]:
+    """(algorithm, digest) of a manifest file entry (earlier engines recorded sha256)."""
+    for name in digest.KNOWN:
+        if name in info:
+            return name, info[name]
+    return digest.NAME, None
 
 
-def _check_file(folder: Path, name: str, nbytes: Any, sha256: Any) -> None:
-    """Raise CheckpointError unless ``folder/name`` has the recorded size and sha256."""
+def _check_file(folder: Path, name: str, nbytes: Any, expected: Any, algorithm: str = digest.NAME) -> None:
+    """Raise CheckpointError unless ``folder/name`` has the recorded size and digest (None: size only)."""
     fp = folder / name
     if not fp.exists():
         raise CheckpointError(f"{folder}: {name} is missing")
     size = fp.stat().st_size
     if size != nbytes:
         raise CheckpointError(f"{folder}: {name} has {size} bytes, manifest says {nbytes}")
-    if _sha256_file(fp) != sha256:
-        raise CheckpointError(f"{folder}: {name} does not match its sha256 (the file is corrupted)")
+    if expected is not None and digest.of_file(fp, algorithm) != expected:
+        raise CheckpointError(f"{folder}: {name} does not match its {algorithm} digest (the file is corrupted)")
 
 
 def _settle_blobs(folder: Path, files: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -208,7 +217,7 @@ class CheckpointStore:
         os.replace(part, staging / name)
         side = staging / f"rank-{rank}.json"
         side_tmp = staging / f"rank-{rank}.json.part"
-        side_tmp.write_text(json.dumps({"bytes": hw.bytes, "sha256": hw.sha.hexdigest(), "blobs": hw.blobs}))
+        side_tmp.write_text(json.dumps({"bytes": hw.bytes, digest.NAME: hw.hash.hexdigest(), "blobs": hw.blobs}))
         with open(side_tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(side_tmp, side)
@@ -269,8 +278,14 @@ class CheckpointStore:
                 found.append((int(m.group(1)), p))
         return sorted(found, reverse=True)
 
-    def verify(self, path: Path) -> CheckpointRef:
-        """Check a committed folder against its manifest; raise CheckpointError saying what is wrong."""
+    def verify(self, path: Path, contents: Optional[bool] = None) -> CheckpointRef:
+        """Check a committed folder against its manifest; raise CheckpointError saying what is wrong.
+
+        ``contents`` (default: only for several ranks) also hashes every file.  A one-rank
+        checkpoint's only file is hashed while the restore reads it (`state.load_graph`), which
+        saves a whole pass over the bytes; several ranks must all agree on the checkpoint they
+        restore before any reads its own file, so each checks them all first.
+        """
         mpath = path / "manifest.json"
         try:
             manifest = json.loads(mpath.read_text())
@@ -286,18 +301,25 @@ class CheckpointStore:
         expected = {f"rank-{r}.pt" for r in range(world_size)}
         if set(files) != expected:
             raise CheckpointError(f"{path}: manifest lists {sorted(files)}, expected {sorted(expected)}")
+        if contents is None:
+            contents = world_size > 1
         for name, info in files.items():
-            _check_file(path, name, info.get("bytes"), info.get("sha256"))
+            algorithm, expected = _entry_digest(info)
+            _check_file(path, name, info.get("bytes"), expected if contents else None, algorithm)
         blobs = manifest.get("blobs") or {}
-        for digest, info in blobs.items():  # a blob is named by its sha256
-            _check_file(path, f"{BLOB_DIR}/{digest}", info.get("bytes"), digest)
+        for name, info in blobs.items():  # a blob is named by its digest
+            _check_file(path, f"{BLOB_DIR}/{name}", info.get("bytes"), name if contents else None,
+                        digest.algorithm_of(name))
         return CheckpointRef(path, int(manifest["step"]), world_size, manifest.get("created", ""), files, blobs)
 
-    def latest(self) -> Optional[CheckpointRef]:
-        """Newest checkpoint that verifies; damaged ones are skipped with a warning naming them."""
-        for _step, path in self._committed():
+    def latest(self, before: Optional[int] = None, contents: Optional[bool] = None) -> Optional[CheckpointRef]:
+        """Newest checkpoint (below step ``before``) that verifies (``contents`` as for `verify`);
+        damaged ones are skipped with a warning naming them."""
+        for step, path in self._committed():
+            if before is not None and step >= before:
+                continue
             try:
-                return self.verify(path)
+                return self.verify(path, contents)
             except CheckpointError as e:
                 warnings.warn(f"checkpoint {path} is damaged and was skipped: {e}",
                               CheckpointDamaged, stacklevel=2)

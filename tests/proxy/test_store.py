@@ -24,10 +24,28 @@ def test_commit_layout_manifest_and_latest(tmp_path):
     manifest = json.loads((ref.path / "manifest.json").read_text())
     assert manifest["format"] == 1 and manifest["step"] == 7 and manifest["world_size"] == 1
     assert manifest["files"]["rank-0.pt"]["bytes"] == 11
-    assert len(manifest["files"]["rank-0.pt"]["sha256"]) == 64 and manifest["created"]
+    assert len(manifest["files"]["rank-0.pt"]["xxh3_128"]) == 32 and manifest["created"]
     latest = store.latest()
     assert latest is not None and latest.step == 7 and latest.rank_file(0).read_bytes() == b"hello world"
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt-00000007"]
+
+
+def test_checkpoints_hashed_with_sha256_by_earlier_engines_still_verify(tmp_path):
+    import hashlib
+
+    store = CheckpointStore(tmp_path)
+    ref = store.write(3, 0, 1, _bytes(b"written by an earlier engine"))
+    mpath = ref.path / "manifest.json"
+    manifest = json.loads(mpath.read_text())
+    entry = manifest["files"]["rank-0.pt"]
+    del entry["xxh3_128"]
+    entry["sha256"] = hashlib.sha256(b"written by an earlier engine").hexdigest()
+    mpath.write_text(json.dumps(manifest))
+    assert store.latest() is not None
+    entry["sha256"] = hashlib.sha256(b"something else").hexdigest()
+    mpath.write_text(json.dumps(manifest))
+    with pytest.warns(CheckpointDamaged, match="sha256 digest"):
+        assert store.latest(contents=True) is None
 
 
 def test_failed_writer_leaves_previous_checkpoints_untouched(tmp_path):
@@ -52,14 +70,16 @@ def test_damaged_checkpoints_are_skipped_with_a_warning_naming_them(tmp_path):
     (tmp_path / "ckpt-00000003" / "manifest.json").unlink()
     (tmp_path / "ckpt-00000002" / "rank-0.pt").write_bytes(b"short")
     with pytest.warns(CheckpointDamaged) as caught:
-        ref = store.latest()
+        ref = store.latest(contents=True)
     assert ref is not None and ref.step == 1
     messages = [str(w.message) for w in caught]
-    assert "ckpt-00000004" in messages[0] and "sha256" in messages[0]
+    assert "ckpt-00000004" in messages[0] and "digest" in messages[0]
     assert "ckpt-00000003" in messages[1] and "manifest.json is missing" in messages[1]
     assert "ckpt-00000002" in messages[2] and "bytes" in messages[2]
-    with pytest.raises(CheckpointError, match="sha256"):
-        store.verify(tmp_path / "ckpt-00000004")
+    with pytest.raises(CheckpointError, match="digest"):
+        store.verify(tmp_path / "ckpt-00000004", contents=True)
+    # by default a one-rank file's digest is left to the restore, which hashes it while reading
+    assert store.verify(tmp_path / "ckpt-00000004").step == 4
 
 
 def test_staging_folders_are_never_read_and_are_pruned(tmp_path):
