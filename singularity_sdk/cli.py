@@ -164,10 +164,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_preempt(args: argparse.Namespace) -> int:
-    with _client(args) as c:
+    with _client(args) as c:  # the job's events are read through this client: print before it closes
         job = c.get(args.job).preempt(args.reason or "", wait=not args.no_wait)
-    last = _last_event(job, EventType.PREEMPTED)
-    print(f"{job.id}: {job.state.value}" + (f" ({describe(last)})" if last else ""))
+        last = _last_event(job, EventType.PREEMPTED)
+        print(f"{job.id}: {job.state.value}" + (f" ({describe(last)})" if last else ""))
     return 0
 
 
@@ -181,8 +181,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     with _client(args) as c:
         job = c.get(args.job).checkpoint(wait=not args.no_wait)
-    last = _last_event(job, EventType.CHECKPOINTED)
-    print(f"{job.id}: " + (describe(last) if last and not args.no_wait else "checkpoint requested"))
+        last = _last_event(job, EventType.CHECKPOINTED)
+        print(f"{job.id}: " + (describe(last) if last and not args.no_wait else "checkpoint requested"))
     return 0
 
 

@@ -7,6 +7,8 @@ being silently ignored.
 from __future__ import annotations
 
 import enum
+import keyword
+import re
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -25,6 +27,15 @@ MAX_ARGS = 4096
 MAX_ARGS_BYTES = 256 * 1024
 #: Largest synced copy of a job's folder (its files' sizes summed; backend.proxy.files has the same).
 MAX_WORKDIR_BYTES = 32 * 1024 * 1024
+#: Most ranks a job may time-share one device with (replica splicing beyond this only thrashes).
+MAX_RANKS_PER_DEVICE = 16
+#: Most variables a job may return, and most environment variables it may set.
+MAX_OUTPUTS = 256
+MAX_ENV = 256
+#: An environment variable's name: what a shell accepts (no '=', no NUL, no spaces).
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Largest agent sequence number or attempt (SQLite integers are 64-bit).
+MAX_SEQ = 2**62
 #: A worker exits with this code after writing the checkpoint it was asked to stop at.
 EXIT_PREEMPTED = 75
 
@@ -157,6 +168,30 @@ class SubmitRequest(Strict):
                              f"put long inputs in a file the job reads")
         return list(value)
 
+    @field_validator("outputs")
+    @classmethod
+    def _outputs_are_names(cls, value: list[str]) -> list[str]:
+        """Outputs are variable names, nothing that could be read as a path."""
+        if len(value) > MAX_OUTPUTS:
+            raise ValueError(f"at most {MAX_OUTPUTS} names")
+        for name in value:
+            if not name.isidentifier() or keyword.iskeyword(name):
+                raise ValueError(f"{name!r} is not a Python variable name; list the names of variables "
+                                 f"the job leaves behind, like [\"model\", \"losses\"]")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        """Refused here rather than by the worker's exec, which would burn the job's retries."""
+        if len(value) > MAX_ENV:
+            raise ValueError(f"at most {MAX_ENV} variables")
+        for name in value:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name (letters, digits and '_', "
+                                 f"not starting with a digit)")
+        return value
+
 
 class JobAction(Strict):
     """``POST /api/v1/jobs/{id}/{action}`` bodies (all fields optional)."""
@@ -284,11 +319,11 @@ class AgentEvent(Strict):
     """One event produced on a node. ``agent_seq`` is per agent instance and makes replay
     idempotent: the server commits the highest applied value with the event itself."""
 
-    agent_seq: int = Field(..., ge=1)
-    job_id: str
-    attempt: int
+    agent_seq: int = Field(..., ge=1, le=MAX_SEQ)
+    job_id: str = Field(..., max_length=64)
+    attempt: int = Field(..., ge=0, le=MAX_SEQ)
     type: EventType
-    time: float
+    time: float = Field(..., allow_inf_nan=False)
     data: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -38,7 +38,10 @@ from singularity_sdk.protocol import (
 )
 
 from backend.proxy.fingerprint import node as node_fingerprint
+from singularity_sdk.config import default_home
 
+from . import sandbox
+from .credential import obtain as obtain_credential
 from .outbox import Outbox
 from .spawner import Spawner
 from .transfer import CheckpointTransfer
@@ -63,8 +66,20 @@ class Agent:
         self.address = address
         self.transfer = CheckpointTransfer(store, checkpoint_root) if store else None
         self.instance = uuid.uuid4().hex
-        #: forks workers from a process that already imported torch (SINGULARITY_WARM_WORKERS=0: off)
-        self.spawner: Optional[Spawner] = Spawner() if os.environ.get(WARM_ENV, "1") != "0" else None
+        #: sandbox each worker (backend/agent/sandbox.py); why not, when it was required and cannot be
+        self.bwrap: Optional[str] = None
+        self.sandbox_refusal: Optional[str] = None
+        try:
+            self.bwrap = sandbox.choose()
+        except sandbox.SandboxUnavailable as exc:
+            self.sandbox_refusal = str(exc)
+        #: what a sandboxed worker must not see: the service's home, this agent's, the checkpoints
+        self.hidden = tuple({default_home(), home, checkpoint_root,
+                             *([home.parent.parent] if home.parent.name == "agents" else [])})
+        #: forks workers from a process that already imported torch (SINGULARITY_WARM_WORKERS=0: off);
+        #: a sandboxed worker starts fresh, in namespaces of its own
+        warm = os.environ.get(WARM_ENV, "1") != "0" and self.bwrap is None and self.sandbox_refusal is None
+        self.spawner: Optional[Spawner] = Spawner() if warm else None
         self.outbox = Outbox()
         self.runs: dict[str, JobRun] = {}
         self.heartbeat_s = 1.0
@@ -108,7 +123,8 @@ class Agent:
                     await self._session(ws, stopper)
             except (OSError, websockets.exceptions.WebSocketException, asyncio.TimeoutError) as exc:
                 if isinstance(exc, websockets.exceptions.InvalidStatus) and exc.response.status_code in (401, 403):
-                    log.error("the server refused this agent's token (%s); check --token", exc.response.status_code)
+                    log.error("the server refused this node's credential (%s); check --token-file, or remove "
+                              "'credential' from the agent's home to enroll again", exc.response.status_code)
                     break
                 log.info("server unreachable (%s); retrying in %.1fs", type(exc).__name__, backoff)
             self._ws = None
@@ -165,9 +181,12 @@ class Agent:
         async for raw in ws:
             try:
                 msg = server_message_adapter.validate_json(raw)
-            except ValidationError:
+            except ValidationError as exc:
                 data = json.loads(raw) if raw else {}
-                log.warning("server says: %s", data.get("error", raw))
+                if isinstance(data, dict) and data.get("type") == "start":
+                    self._refuse_start(data, f"the node refused the job's start message: {exc.errors()[0]['msg']}")
+                else:
+                    log.warning("server says: %s", data.get("error", raw) if isinstance(data, dict) else raw)
                 continue
             if isinstance(msg, Ack):
                 self.outbox.ack(msg.agent_seq)
@@ -186,7 +205,23 @@ class Agent:
 
     # ------------------------------------------------------------------ jobs
 
+    def _refuse_start(self, data: dict[str, Any], why: str) -> None:
+        """Report every rank of a start this node will not run as failed, so the job ends at
+        once with the reason instead of holding its devices forever."""
+        log.error("refusing to start %s: %s", data.get("job_id"), why)
+        job_id, attempt = data.get("job_id"), data.get("attempt")
+        if not isinstance(job_id, str) or type(attempt) is not int:
+            return
+        for rs in data.get("ranks") or [{"rank": 0}]:
+            rank = rs.get("rank") if isinstance(rs, dict) else 0
+            self.outbox.add(job_id, attempt, EventType.WORKER_EXITED,
+                            {"rank": rank if type(rank) is int else 0, "code": 1, "error": why, "user_error": True})
+        self._wake.set()
+
     async def _start(self, spec: StartJob) -> None:
+        if self.sandbox_refusal is not None:
+            self._refuse_start(spec.model_dump(), self.sandbox_refusal)
+            return
         old = self.runs.get(spec.job_id)
         if old is not None:
             if old.spec.attempt == spec.attempt:
@@ -194,7 +229,8 @@ class Agent:
             await old.stop("superseded by a newer attempt", 1.0)
         run_dir = self.home / "jobs" / f"{spec.job_id}-a{spec.attempt}"
         run = JobRun(spec, run_dir, self.devices, self.threads_per_slot, self.checkpoint_root, emit=None,  # type: ignore[arg-type]
-                     on_checkpoint=self._store_checkpoint if self.transfer else None, spawner=self.spawner)
+                     on_checkpoint=self._store_checkpoint if self.transfer else None, spawner=self.spawner,
+                     bwrap=self.bwrap, hidden=self.hidden)
         run.emit = self.emit_for(run)
         self.runs[spec.job_id] = run
         try:
@@ -252,7 +288,12 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     p = argparse.ArgumentParser(prog="singularityctl agent", description="Run a node agent.")
     p.add_argument("--server", required=True, help="server URL, e.g. http://127.0.0.1:8765")
-    p.add_argument("--token", required=True, help="the agent token (agent_token in the server's server.json)")
+    p.add_argument("--token-file", type=Path, default=None,
+                   help="a file (mode 0600) holding this node's credential; default: 'credential' in --home, "
+                        "or SINGULARITY_AGENT_TOKEN. Without one the agent enrolls with the join token "
+                        "(SINGULARITY_JOIN_TOKEN, or --join-token-file) and keeps its credential in --home")
+    p.add_argument("--join-token-file", type=Path, default=None,
+                   help="a file holding the join token (agent_token in the server's server.json)")
     p.add_argument("--name", default=os.uname().nodename.split(".")[0])
     p.add_argument("--devices", type=int, default=None, help="CPU slots to offer where there is no GPU (or a GPU limit)")
     p.add_argument("--home", type=Path, default=None, help="work directory for this agent's jobs")
@@ -271,7 +312,11 @@ def main(argv: Optional[list[str]] = None) -> None:
                         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     base = default_home()
     home = args.home or base / "agents" / args.name
-    agent = Agent(args.server, args.token, args.name, discover(args.devices), home,
+    try:
+        token = obtain_credential(args.server, args.name, home, args.token_file, args.join_token_file)
+    except RuntimeError as exc:
+        raise SystemExit(f"singularityctl agent: {exc}") from None
+    agent = Agent(args.server, token, args.name, discover(args.devices), home,
                   args.checkpoint_root or base / "checkpoints", args.threads_per_slot, args.orphan_timeout,
                   args.store, args.address)
     asyncio.run(agent.run())

@@ -62,6 +62,7 @@ def _child(request: dict[str, Any], fds: list[int], sock_fd: int) -> None:
             if fd > CONTROL_FD:
                 os.close(fd)
         os.chdir(request["cwd"])
+        os.umask(int(request["env"].get("SINGULARITY_JOB_UMASK", "022"), 8))  # not the service's 077
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ["SINGULARITY_CONTROL_FD"] = str(CONTROL_FD)

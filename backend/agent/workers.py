@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable, Optional
 from backend.proxy.store import CheckpointStore
 from singularity_sdk.protocol import EXIT_PREEMPTED, DeviceInfo, EventType, StartJob
 
+from . import sandbox
 from .devices import slot_cores
 from .spawner import Spawner
 
@@ -40,6 +41,8 @@ class RankProcess:
     proc: Any  # asyncio.subprocess.Process, or a spawner.WarmProcess with the same face
     control_reader: asyncio.StreamReader
     readers: list[asyncio.Task] = field(default_factory=list)
+    #: the process group to signal (a sandbox's own, not bwrap's); None: the process's pid
+    pgid: Optional[int] = None
 
 
 class JobRun:
@@ -47,7 +50,8 @@ class JobRun:
 
     def __init__(self, spec: StartJob, run_dir: Path, devices: list[DeviceInfo], threads_per_slot: int,
                  checkpoint_root: Path, emit: Emit, on_checkpoint: Optional[OnCheckpoint] = None,
-                 spawner: Optional[Spawner] = None):
+                 spawner: Optional[Spawner] = None, bwrap: Optional[str] = None,
+                 hidden: tuple[Path, ...] = ()):
         self.spec = spec
         self.run_dir = run_dir
         self.devices = {d.index: d for d in devices}
@@ -56,6 +60,9 @@ class JobRun:
         self.emit = emit
         self.on_checkpoint = on_checkpoint
         self.spawner = spawner
+        #: sandbox workers with this bwrap, covering ``hidden`` (the service's folders)
+        self.bwrap = bwrap
+        self.hidden = hidden
         self.ranks: dict[int, RankProcess] = {}
         self.exit_codes: dict[int, int] = {}
         self.stopping: Optional[str] = None
@@ -70,7 +77,7 @@ class JobRun:
         spec = self.spec
         devs = [self.devices[i] for i in rank_spec.devices]
         gpus = [d for d in devs if d.kind == "cuda"]
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k not in sandbox.SECRET_ENV}
         env.update(spec.env)
         # A fixed thread count per slot: float results must not depend on the node's core count.
         threads = str(self.threads_per_slot * max(1, len(devs)))
@@ -120,19 +127,23 @@ class JobRun:
             env["SINGULARITY_CONTROL_FD"] = str(w_fd)
             argv = [str(spec_path), str(rank_dir)]
             proc: Any = None
-            if self.spawner is not None:
+            pgid: Optional[int] = None
+            if self.bwrap is not None:
+                proc, pgid = await self._spawn_sandboxed(argv, env, rank_dir, w_fd)
+            elif self.spawner is not None:
                 proc = await self.spawner.spawn(argv, env, str(rank_dir), w_fd, LINE_LIMIT)
             if proc is None:  # no warm spawner (yet): a fresh interpreter
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "backend.worker", *argv,
                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                     env=env, cwd=str(rank_dir), pass_fds=(w_fd,), start_new_session=True, limit=LINE_LIMIT,
+                    umask=sandbox.job_umask(),
                 )
             os.close(w_fd)
             control = asyncio.StreamReader(limit=LINE_LIMIT)
             loop = asyncio.get_running_loop()
             await loop.connect_read_pipe(lambda c=control: asyncio.StreamReaderProtocol(c), os.fdopen(r_fd, "rb"))
-            rp = RankProcess(rs.rank, proc, control)
+            rp = RankProcess(rs.rank, proc, control, pgid=pgid)
             rp.readers = [
                 asyncio.create_task(self._pump(rp, proc.stdout, "stdout")),
                 asyncio.create_task(self._pump(rp, proc.stderr, "stderr")),
@@ -145,6 +156,41 @@ class JobRun:
         })
         self._waiters = [asyncio.create_task(self._wait(rp)) for rp in self.ranks.values()]
         asyncio.create_task(self._all_done())
+
+    async def _spawn_sandboxed(self, argv: list[str], env: dict[str, str], rank_dir: Path,
+                               w_fd: int) -> tuple[Any, int]:
+        """A fresh worker inside its sandbox (backend/agent/sandbox.py); returns the process
+        (bwrap) and the sandbox's process group, which is what stop signals."""
+        assert self.bwrap is not None
+        ckpt = self.checkpoint_root / self.spec.job_id
+        ckpt.mkdir(parents=True, exist_ok=True)
+        visible = [self.run_dir, ckpt]
+        if self.spec.workdir_b64:
+            copy = Path(env["SINGULARITY_WORKDIR_ROOT"], self.spec.job_id)
+            copy.mkdir(parents=True, exist_ok=True)
+            visible.append(copy)
+        if self.spec.workdir:
+            visible.append(Path(self.spec.workdir))
+        env = {**env, "SINGULARITY_SANDBOXED": "1"}
+        info_r, info_w = os.pipe()
+        try:
+            cmd = sandbox.command(self.bwrap, [sys.executable, "-m", "backend.worker", *argv], self.hidden,
+                                  visible, info_w)
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                env=env, cwd=str(rank_dir), pass_fds=(w_fd, info_w), start_new_session=True, limit=LINE_LIMIT,
+                umask=sandbox.job_umask(),
+            )
+        finally:
+            os.close(info_w)
+        try:
+            raw = await asyncio.to_thread(_read_all, info_r)
+        finally:
+            os.close(info_r)
+        try:
+            return proc, int(json.loads(raw)["child-pid"])
+        except (ValueError, KeyError, TypeError):  # bwrap failed before it cloned: its exit says why
+            return proc, proc.pid
 
     async def _pump(self, rp: RankProcess, stream: asyncio.StreamReader, name: str) -> None:
         while True:
@@ -178,6 +224,8 @@ class JobRun:
 
     async def _wait(self, rp: RankProcess) -> None:
         code = await rp.proc.wait()
+        if rp.pgid is not None:
+            code = sandbox.exit_code(code)
         self.exit_codes[rp.rank] = code
         await asyncio.gather(*rp.readers, return_exceptions=True)
         rank_dir = self.run_dir / f"rank-{rp.rank}"
@@ -248,9 +296,16 @@ class JobRun:
         for rp in self.ranks.values():
             if rp.proc.returncode is None:
                 try:
-                    os.killpg(rp.proc.pid, sig)
+                    os.killpg(rp.pgid or rp.proc.pid, sig)
                 except ProcessLookupError:
                     pass
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _exit_description(code: int) -> str:

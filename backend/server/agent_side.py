@@ -37,6 +37,18 @@ PASS_THROUGH = {EventType.LOG, EventType.PROGRESS, EventType.TELEMETRY, EventTyp
 BACKSTOP_SLACK_S = 10.0
 
 
+def fenced(row: Any, node: str, ae: AgentEvent) -> str:
+    """Why ``node`` may not speak for this event's job ("" when it may): a node speaks only
+    for jobs placed on it, in their current attempt."""
+    if row is None:
+        return "no such job"
+    if row["attempt"] != ae.attempt:
+        return f"attempt {ae.attempt} is not the job's current one ({row['attempt']})"
+    if node not in {p["node"] for p in json.loads(row["placement_json"] or "[]")}:
+        return f"the job is not placed on {node}"
+    return ""
+
+
 class AgentSide:
     """Mixed into :class:`~backend.server.service.Service`."""
 
@@ -76,8 +88,13 @@ class AgentSide:
     def agent_heartbeat(self, node: str, hb: AgentHeartbeat) -> None:
         self.store.set_node(node, heartbeat_at=time.time())
 
-    def agent_events(self, node: str, events: list[AgentEvent]) -> int:
-        """Apply a batch of agent events exactly once; returns the highest applied agent_seq."""
+    def agent_events(self, node: str, events: list[AgentEvent],
+                     reject: Callable[[int, str], None] = lambda seq, why: None) -> int:
+        """Apply a batch of agent events exactly once; returns the highest applied agent_seq.
+
+        An event that cannot be applied (malformed data, or about a job this node does not run
+        in its current attempt) is skipped, logged and passed to ``reject``; it is acked all the
+        same, so a replay cannot fail on it forever."""
         published: list[tuple[str, Event]] = []
         followups: list[Callable[[], None]] = []
         with self.store.tx():
@@ -86,7 +103,23 @@ class AgentSide:
                 if ae.agent_seq <= acked:
                     continue  # a replay of something already committed
                 acked = ae.agent_seq
-                self._apply_agent_event(node, ae, published, followups)
+                why = fenced(self.store.job_row(ae.job_id), node, ae)
+                if why:
+                    log.warning("event %s %s from node %s refused: %s", ae.type, ae.job_id, node, why)
+                    reject(ae.agent_seq, why)
+                    continue
+                marks = (len(published), len(followups))
+                self.store.db.execute("SAVEPOINT agent_event")
+                try:
+                    self._apply_agent_event(node, ae, published, followups)
+                except Exception as exc:  # one bad event must not stall the node's whole stream
+                    self.store.db.execute("ROLLBACK TO agent_event")
+                    del published[marks[0]:], followups[marks[1]:]
+                    log.warning("event %s %s from node %s not applied: %r", ae.type, ae.job_id, node, exc,
+                                exc_info=not isinstance(exc, ValueError))
+                    reject(ae.agent_seq, f"its data could not be applied ({type(exc).__name__})")
+                finally:
+                    self.store.db.execute("RELEASE agent_event")
             self.store.set_node(node, acked_seq=acked, heartbeat_at=time.time())
         by_user: dict[str, list[Event]] = {}
         for user, ev in published:
@@ -175,8 +208,9 @@ class AgentSide:
         """Record one rank's exit; once all ranks are down, settle the job by why it stopped."""
         job_id = row["id"]
         exited = json.loads(row["exited_json"])
-        rank = int(ae.data.get("rank", 0))
-        code = int(ae.data.get("code", -1))
+        rank, code = ae.data.get("rank", 0), ae.data.get("code", -1)
+        if type(rank) is not int or not 0 <= rank < row["ranks"] or type(code) is not int or abs(code) > 255:
+            raise ValueError(f"worker_exited needs an integer rank below {row['ranks']} and an exit code")
         exited[str(rank)] = code
         updates: dict[str, Any] = {"exited_json": json.dumps(exited)}
         stop_reason = row["stop_reason"]

@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from typing import Any, Optional
 
 import tornado.web
+from tornado.log import access_log
 import tornado.websocket
 from pydantic import BaseModel, ValidationError
 
@@ -32,6 +34,8 @@ from singularity_sdk.protocol import (
     describe_validation_error,
 )
 
+from .credentials import NODE_ROLE, node_of
+from .edge import load_json_object
 from .service import Service, ServiceError
 
 log = logging.getLogger("singularity.server")
@@ -39,6 +43,14 @@ log = logging.getLogger("singularity.server")
 #: Request bodies are read up to this size so that an oversize job gets a clear 413 from us
 #: rather than a dropped connection from tornado.
 MAX_BODY_BYTES = 2 * MAX_INPUTS_BYTES
+
+
+#: Roles that may use the REST API and the users' sockets (a node credential opens only /agents/ws).
+USER_ROLES = ("admin", "user")
+#: What a node may be called (as AgentHello.node).
+NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: Largest integer a query parameter takes (SQLite integers are 64-bit).
+MAX_QUERY_INT = 2**62
 
 
 def _token_from(handler: tornado.web.RequestHandler) -> Optional[str]:
@@ -68,6 +80,9 @@ class ApiHandler(tornado.web.RequestHandler):
     def prepare(self) -> None:
         try:
             self.user, self.role = self.service.authenticate(_token_from(self))
+            if self.role not in USER_ROLES:
+                raise ServiceError(403, "a node agent's credential opens only the agent channel; "
+                                        "use a user token (SINGULARITY_TOKEN) for the API")
         except ServiceError as exc:
             self._fail(exc)
 
@@ -76,13 +91,7 @@ class ApiHandler(tornado.web.RequestHandler):
         self.finish({"error": exc.message, "field": exc.field})
 
     def parse(self, model: type[BaseModel]) -> Any:
-        body = self.request.body or b"{}"
-        try:
-            raw = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ServiceError(400, f"the request body is not valid JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ServiceError(400, f"the request body must be a JSON object, not {type(raw).__name__}")
+        raw = load_json_object(self.request.body or b"{}")
         try:
             return model.model_validate(raw)
         except ValidationError as exc:
@@ -105,9 +114,10 @@ class ApiHandler(tornado.web.RequestHandler):
             self._fail(exc)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
+        # Never the exception's text: it may name files, tokens or code. The log has it.
         reason = self._reason
-        if "exc_info" in kwargs and status_code >= 500:
-            reason = f"internal error: {kwargs['exc_info'][1]!r}"
+        if status_code >= 500:
+            reason = "internal error; the server's log has the details"
         self.finish({"error": reason, "field": None})
 
 
@@ -180,7 +190,7 @@ class ResultHandler(ApiHandler):
 
 class NodesHandler(ApiHandler):
     def get(self) -> None:
-        self.send(self.service.nodes())
+        self.send(self.service.nodes(None if self.role == "admin" else self.user))
 
 
 class NodeActionHandler(ApiHandler):
@@ -191,6 +201,25 @@ class NodeActionHandler(ApiHandler):
             if action not in handlers:
                 raise ServiceError(404, f"unknown node action '{action}'; valid: {', '.join(handlers)}", "action")
             self.send(handlers[action](self.role, node))
+        self._handle(run)
+
+
+class EnrollHandler(ApiHandler):
+    """``POST /nodes/{name}/enroll`` with the join (or admin) token: the node's own credential."""
+
+    def prepare(self) -> None:
+        try:
+            self.user, self.role = self.service.authenticate(_token_from(self))
+        except ServiceError as exc:
+            self._fail(exc)
+
+    def post(self, node: str) -> None:
+        def run() -> None:
+            if not NODE_NAME.match(node):
+                raise ServiceError(422, f"node name {node!r}: use letters, digits, '.', '_' and '-' "
+                                        f"(at most 64)", "node")
+            self.parse(JobAction)
+            self.send({"node": node, "token": self.service.enroll(self.role, node)}, 201)
         self._handle(run)
 
 
@@ -210,8 +239,8 @@ def _int_arg(handler: tornado.web.RequestHandler, name: str, default: int) -> in
         value = int(raw)
     except ValueError:
         raise ServiceError(422, f"query parameter '{name}' must be an integer, not {raw!r}", name) from None
-    if value < 0:
-        raise ServiceError(422, f"query parameter '{name}' must be >= 0", name)
+    if not 0 <= value <= MAX_QUERY_INT:
+        raise ServiceError(422, f"query parameter '{name}' must be between 0 and {MAX_QUERY_INT}", name)
     return value
 
 
@@ -240,6 +269,8 @@ class AuthedSocket(tornado.websocket.WebSocketHandler):
 
     def authorize(self, *args: Any) -> None:
         """Raise ServiceError before the upgrade when the caller may not open this socket."""
+        if self.role not in USER_ROLES:
+            raise ServiceError(403, "a node agent's credential opens only the agent channel")
 
     def send_json(self, payload: Any) -> None:
         if self.ws_connection is None or self.ws_connection.is_closing():
@@ -254,12 +285,19 @@ class JobEventsSocket(AuthedSocket):
     unsubscribe = None
 
     def authorize(self, job_id: str) -> None:
+        super().authorize()
         self.service.job(self.user, job_id)
         self.since = _int_arg(self, "since", 0)
 
     def open(self, job_id: str) -> None:
         last = self.since
-        for ev in self.service.store.events(job_id, self.since):
+        try:
+            backlog = self.service.store.events(job_id, self.since)
+        except Exception:
+            log.exception("could not read the events of %s", job_id)
+            self.close(1011, "internal error; the server's log has the details")
+            return
+        for ev in backlog:
             self.send_json(_dump(ev))
             last = ev.seq
         self.last = last
@@ -296,30 +334,49 @@ class UserEventsSocket(AuthedSocket):
 
 
 class AgentSocket(AuthedSocket):
-    """The node agents' channel: hello, batched events (acked after commit), heartbeats."""
+    """The node agents' channel: hello, batched events (acked after commit), heartbeats.
+
+    The socket is opened with a node credential, which names the one node it may speak for;
+    a bad message gets an error reply and is skipped, and the connection stays."""
 
     node: Optional[str] = None
 
     def authorize(self) -> None:
-        if self.role != "agent":
-            raise ServiceError(403, "this socket is for node agents; use the agent token from server.json")
+        if self.role != NODE_ROLE:
+            raise ServiceError(403, "this socket is for node agents: connect with the node's credential "
+                                    "(an agent enrolls with the join token, agent_token in server.json)")
 
     def send(self, message: BaseModel) -> None:  # AgentLink
         self.send_json(_dump(message))
 
     def on_message(self, message: Any) -> None:
         try:
-            msg = agent_message_adapter.validate_json(message)
+            self._on_message(message)
+        except ServiceError as exc:
+            log.warning("bad message from agent %s: %s", self.node or self.user, exc.message)
+            self.send_json({"type": "error", "error": exc.message})
+        except Exception:
+            log.exception("message from agent %s not applied", self.node or self.user)
+            self.send_json({"type": "error", "error": "the message could not be applied; the server's log "
+                                                      "has the details"})
+
+    def _on_message(self, message: Any) -> None:
+        raw = load_json_object(message, "the message", nul=True)
+        try:
+            msg = agent_message_adapter.validate_python(raw)
         except ValidationError as exc:
-            text, _ = describe_validation_error(exc)
-            log.warning("bad message from agent %s: %s", self.node, text)
-            self.send_json({"type": "error", "error": text})
-            return
+            raise ServiceError(422, describe_validation_error(exc)[0]) from None
         if isinstance(msg, AgentHello):
             if msg.protocol != PROTOCOL_VERSION:
                 self.send_json({"type": "error", "error": f"protocol {msg.protocol} not supported; "
                                                           f"this server speaks {PROTOCOL_VERSION}"})
-                self.close()
+                self.close(4400, "protocol version")
+                return
+            if msg.node != node_of(self.user):
+                log.warning("credential of %s said hello as node %r: refused", self.user, msg.node)
+                self.send_json({"type": "error", "error": f"this credential belongs to node "
+                                                          f"'{node_of(self.user)}', not '{msg.node}'"})
+                self.close(4403, "credential of another node")
                 return
             self.node = msg.node
             welcome = self.service.agent_hello(self, msg)
@@ -327,10 +384,14 @@ class AgentSocket(AuthedSocket):
         elif self.node is None:
             self.send_json({"type": "error", "error": "send 'hello' first"})
         elif isinstance(msg, AgentEvents):
-            acked = self.service.agent_events(self.node, msg.events)
+            acked = self.service.agent_events(self.node, msg.events, self.reject)
             self.send(Ack(agent_seq=acked))
         elif isinstance(msg, AgentHeartbeat):
             self.service.agent_heartbeat(self.node, msg)
+
+    def reject(self, agent_seq: int, why: str) -> None:
+        """Tell the agent one of its events was skipped (it is acked all the same)."""
+        self.send_json({"type": "error", "error": f"event {agent_seq} skipped: {why}"})
 
     def on_close(self) -> None:
         if self.node is not None:
@@ -351,6 +412,7 @@ def routes(service: Service, prefix: str = "") -> list[tuple[str, type, dict]]:
         (rf"{p}/jobs/([\w-]+)/(\w+)", JobActionHandler, kw),
         (rf"{p}/events/ws", UserEventsSocket, kw),
         (rf"{p}/nodes", NodesHandler, kw),
+        (rf"{p}/nodes/([\w.-]+)/enroll", EnrollHandler, kw),
         (rf"{p}/nodes/([\w.-]+)/(\w+)", NodeActionHandler, kw),
         (rf"{p}/users", UsersHandler, kw),
         (rf"{p}/agents/ws", AgentSocket, kw),
@@ -364,9 +426,17 @@ class NotFound(tornado.web.RequestHandler):
                               f"the API lives under {API_PREFIX}/", "field": None})
 
 
+def log_request(handler: tornado.web.RequestHandler) -> None:
+    """The access log, with the path but never the query string: ``?token=`` must not reach it."""
+    status = handler.get_status()
+    level = access_log.info if status < 400 else access_log.warning if status < 500 else access_log.error
+    level("%d %s %s (%s) %.1fms", status, handler.request.method, handler.request.path,
+          handler.request.remote_ip, 1000.0 * handler.request.request_time())
+
+
 def make_app(service: Service) -> tornado.web.Application:
     return tornado.web.Application(routes(service), default_handler_class=NotFound,
-                                   websocket_max_message_size=64 * 1024 * 1024)
+                                   websocket_max_message_size=64 * 1024 * 1024, log_function=log_request)
 
 
 def install_schedule_coalescing(service: Service) -> None:

@@ -25,6 +25,8 @@ class AgentLink(Protocol):
 
     def send(self, message: BaseModel) -> None: ...
 
+    def close(self, code: Optional[int] = None, reason: Optional[str] = None) -> None: ...
+
 
 @dataclass
 class ServiceConfig:

@@ -24,7 +24,12 @@ import tornado.netutil
 from singularity_sdk.config import default_home
 from singularity_sdk.protocol import Shutdown
 
+from backend.agent.credential import CREDENTIAL_FILE
+from backend.agent.credential import save as save_credential
+from backend.agent.sandbox import JOB_UMASK_ENV
+
 from .app import MAX_BODY_BYTES, install_schedule_coalescing, make_app
+from .credentials import ADMIN_ROLE, JOIN_ROLE, NODE_ROLE, node_user
 from .service import Service, ServiceConfig
 from .store import Store
 
@@ -43,6 +48,35 @@ def write_private_json(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def service_tokens(store: Store, home: Path, user: str) -> tuple[str, str]:
+    """The admin's and the join token. The store keeps only their hashes, so they are kept in
+    ``credentials.json`` (0600) to survive restarts; a missing or stale one is issued anew."""
+    path = home / "credentials.json"
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    token, join = saved.get("token"), saved.get("agent_token")
+    if not (token and saved.get("user") == user and store.token_is(user, token)):
+        token = store.issue_token(user, ADMIN_ROLE)
+    if not (join and store.token_is("agents", join)):
+        join = store.issue_token("agents", JOIN_ROLE)
+    write_private_json(path, {"user": user, "token": token, "agent_token": join})
+    return token, join
+
+
+def local_credential(store: Store, agent_home: Path, node: str) -> None:
+    """Give a local agent its node credential in its home, keeping a valid one (an agent that
+    survived a server crash goes on using it)."""
+    path = agent_home / CREDENTIAL_FILE
+    try:
+        current = path.read_text().strip()
+    except OSError:
+        current = ""
+    if not (current and store.token_is(node_user(node), current)):
+        save_credential(path, store.issue_token(node_user(node), NODE_ROLE))
+
+
 def _alive_agent(pid_file: Path) -> Optional[int]:
     try:
         pid = int(pid_file.read_text().strip())
@@ -52,22 +86,23 @@ def _alive_agent(pid_file: Path) -> Optional[int]:
     return pid if b"agent" in cmdline else None
 
 
-def start_local_agents(home: Path, url: str, agent_token: str, nodes: int, devices: Optional[int],
+def start_local_agents(home: Path, url: str, db: Store, nodes: int, devices: Optional[int],
                        store: Optional[str] = None) -> list[int]:
     """Start (or adopt, after a restart) one agent process per local node.
 
     Without a store they share ``home/checkpoints``; with one, each keeps its own cache, as
     nodes that share no filesystem would."""
     agents_dir = home / "agents"
-    agents_dir.mkdir(parents=True, exist_ok=True)
+    agents_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     pids = []
     for i in range(1, nodes + 1):
         name = f"node-{i}"
         pid_file = agents_dir / f"{name}.pid"
         pid = _alive_agent(pid_file)
+        local_credential(db, agents_dir / name, name)
         if pid is None:
             ckpt_root = agents_dir / name / "checkpoint-cache" if store else home / "checkpoints"
-            cmd = [sys.executable, "-m", "backend.agent", "--server", url, f"--token={agent_token}", "--name", name,
+            cmd = [sys.executable, "-m", "backend.agent", "--server", url, "--name", name,
                    "--home", str(agents_dir / name), "--checkpoint-root", str(ckpt_root), "--orphan-timeout", "60"]
             if store:
                 cmd += ["--store", store]
@@ -113,13 +148,16 @@ def stop_local_agents(home: Path, pids: list[int], timeout: float = 10.0) -> Non
 async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int = 0,
                 devices_per_node: Optional[int] = None, config: ServiceConfig = ServiceConfig(),
                 store_url: Optional[str] = None) -> None:
+    # The service's own files (state.db, logs, checkpoints) are the owner's only; jobs get the
+    # umask serve was started with (backend/agent/sandbox.py).
+    os.environ.setdefault(JOB_UMASK_ENV, f"{os.umask(0o077):03o}")
     home.mkdir(parents=True, exist_ok=True)
+    os.chmod(home, 0o700)
     (home / "logs").mkdir(exist_ok=True)
     (home / "checkpoints").mkdir(exist_ok=True)
     store = Store(home / "state.db")
     user = os.environ.get("SINGULARITY_USER") or _login_name()
-    token = store.ensure_user(user, "admin")
-    agent_token = store.ensure_user("agents", "agent")
+    token, agent_token = service_tokens(store, home, user)
     service = Service(store, config)
     install_schedule_coalescing(service)
     server = tornado.httpserver.HTTPServer(make_app(service), max_body_size=4 * MAX_BODY_BYTES,
@@ -132,7 +170,7 @@ async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int =
         "url": url, "token": token, "user": user, "agent_token": agent_token, "pid": os.getpid(),
     })
     log.info("serving on %s (home %s)", url, home)
-    agent_pids = start_local_agents(home, url, agent_token, nodes, devices_per_node, store_url) if nodes else []
+    agent_pids = start_local_agents(home, url, store, nodes, devices_per_node, store_url) if nodes else []
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from singularity_sdk.protocol import (
     MAX_CODE_BYTES,
     MAX_INPUTS_BYTES,
+    MAX_RANKS_PER_DEVICE,
     MAX_WORKDIR_BYTES,
     Event,
     EventType,
@@ -35,6 +36,7 @@ from singularity_sdk.protocol import (
 from . import ranks
 from .agent_side import AgentSide
 from .core import AgentLink, ServiceConfig, ServiceError
+from .credentials import ADMIN_ROLE, JOIN_ROLE, LEGACY_JOIN_ROLE, NODE_ROLE, USER_ROLE, node_user
 from .hub import Hub
 from .moves import Moves
 from .scheduling import Policy, Scheduling, make_policy
@@ -43,6 +45,8 @@ from .store import Store
 __all__ = ["AgentLink", "Service", "ServiceConfig", "ServiceError"]
 
 log = logging.getLogger("singularity.server")
+#: What a user sees in ``nodes`` for a device held by another user's job.
+OTHER_JOB = "(other)"
 
 
 class Service(AgentSide, Moves, Scheduling):
@@ -106,7 +110,23 @@ class Service(AgentSide, Moves, Scheduling):
             raise ServiceError(403, "only the admin token (written to server.json by 'serve') can create users")
         if self.store.user_exists(user):
             raise ServiceError(409, f"user '{user}' already exists", "user")
-        return self.store.ensure_user(user, "user")
+        return self.store.issue_token(user, USER_ROLE)
+
+    def enroll(self, caller_role: str, node: str) -> str:
+        """Issue ``node``'s own credential. The join token enrolls a name once, so nobody holding
+        it can take over a node that has one; the admin may issue a new one (the old one stops
+        working and its live connection is dropped)."""
+        if caller_role not in (JOIN_ROLE, LEGACY_JOIN_ROLE, ADMIN_ROLE):
+            raise ServiceError(403, "enrolling a node needs the join token (agent_token in server.json) "
+                                    "or the admin token")
+        if self.store.user_exists(node_user(node)) and caller_role != ADMIN_ROLE:
+            raise ServiceError(409, f"node '{node}' is already enrolled: its agent keeps its credential in "
+                                    f"its home ('credential'); an admin can issue a new one", "node")
+        token = self.store.issue_token(node_user(node), NODE_ROLE)
+        link = self.links.pop(node, None)
+        if link is not None:
+            link.close()
+        return token
 
     # ------------------------------------------------------------------ jobs: user side
 
@@ -132,12 +152,18 @@ class Service(AgentSide, Moves, Scheduling):
                 raise ServiceError(
                     422, f"the code does not compile: {exc.msg} ({req.filename}, line {exc.lineno})", "source"
                 ) from None
+            except ValueError as exc:  # e.g. a NUL byte, on Pythons that do not call it a SyntaxError
+                raise ServiceError(422, f"the code does not compile: {exc}", "source") from None
         world = req.ranks or req.gpus
         if not ranks.fits(world, req.gpus):
             raise ServiceError(
                 422, f"--ranks {world} and --gpus {req.gpus}: one must divide the other (each rank gets the same "
                      f"number of devices, or each device the same number of ranks)", "ranks",
             )
+        if world > req.gpus * MAX_RANKS_PER_DEVICE:
+            raise ServiceError(
+                422, f"--ranks {world} on {req.gpus} device(s) puts more than {MAX_RANKS_PER_DEVICE} ranks on a "
+                     f"device; ask for more devices (--gpus) or fewer ranks", "ranks")
         if req.inputs_b64 is not None and len(req.inputs_b64) * 3 // 4 > MAX_INPUTS_BYTES:
             raise ServiceError(
                 413, f"the variables sent with the job are {len(req.inputs_b64) * 3 / 4e6:.1f} MB; the limit is "
@@ -251,12 +277,14 @@ class Service(AgentSide, Moves, Scheduling):
 
     # ------------------------------------------------------------------ nodes
 
-    def nodes(self) -> list[NodeInfo]:
+    def nodes(self, user: Optional[str] = None) -> list[NodeInfo]:
+        """The cluster's nodes; a device held by someone else's job shows as ``"(other)"`` unless
+        ``user`` is None (the admin), so job ids do not leak across users."""
         used: dict[str, dict[int, str]] = {}
         for info in self.store.list_jobs(states=[s.value for s in JobState if s.holds_devices]):
             for p in info.placement:
                 for d in p.devices:
-                    used.setdefault(p.node, {})[d] = info.id
+                    used.setdefault(p.node, {})[d] = info.id if user in (None, info.user) else OTHER_JOB
         out = []
         for n in self.store.nodes():
             n.used = used.get(n.name, {})

@@ -8,7 +8,6 @@ idempotent.
 from __future__ import annotations
 
 import json
-import secrets
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -27,11 +26,13 @@ from singularity_sdk.protocol import (
     Placement,
 )
 
+from .credentials import HASH_PREFIX, hash_token, new_token, same_hash
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS users (
     name TEXT PRIMARY KEY,
-    token TEXT UNIQUE NOT NULL,
-    role TEXT NOT NULL,            -- admin | user | agent
+    token TEXT UNIQUE NOT NULL,    -- sha256 of the token (credentials.hash_token), never the token
+    role TEXT NOT NULL,            -- admin | user | join | node
     created_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS jobs (
@@ -120,6 +121,13 @@ class Store:
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.executescript(SCHEMA)
         self._add_missing_columns()
+        self._hash_clear_tokens()
+
+    def _hash_clear_tokens(self) -> None:
+        """A home made by an older version kept tokens in clear: keep only their hashes."""
+        rows = self.db.execute("SELECT name, token FROM users WHERE token NOT LIKE ?", (HASH_PREFIX + "%",))
+        for name, token in rows.fetchall():
+            self.db.execute("UPDATE users SET token=? WHERE name=?", (hash_token(token), name))
 
     def _add_missing_columns(self) -> None:
         """A home made by an older version lacks newer columns: add them (all have defaults)."""
@@ -146,21 +154,26 @@ class Store:
 
     # ------------------------------------------------------------------ users / tokens
 
-    def ensure_user(self, name: str, role: str) -> str:
-        """Return the token of ``name``, creating the user if needed (tokens survive restarts)."""
-        row = self.db.execute("SELECT token FROM users WHERE name=?", (name,)).fetchone()
-        if row:
-            return row[0]
-        token = secrets.token_urlsafe(32)
+    def issue_token(self, name: str, role: str) -> str:
+        """Create ``name`` (or give it a new token, the old one stops working); returns the token,
+        which is not kept: only its hash is."""
+        token = new_token()
         self.db.execute(
-            "INSERT INTO users(name, token, role, created_at) VALUES (?,?,?,?)",
-            (name, token, role, time.time()),
+            "INSERT INTO users(name, token, role, created_at) VALUES (?,?,?,?) "
+            "ON CONFLICT(name) DO UPDATE SET token=excluded.token, role=excluded.role",
+            (name, hash_token(token), role, time.time()),
         )
         return token
 
+    def token_is(self, name: str, token: str) -> bool:
+        """Whether ``token`` is ``name``'s current token."""
+        row = self.db.execute("SELECT token FROM users WHERE name=?", (name,)).fetchone()
+        return row is not None and same_hash(row[0], token)
+
     def user_for_token(self, token: str) -> Optional[tuple[str, str]]:
-        row = self.db.execute("SELECT name, role FROM users WHERE token=?", (token,)).fetchone()
-        return (row[0], row[1]) if row else None
+        """(user, role) of ``token``, found by its hash and compared in constant time."""
+        row = self.db.execute("SELECT name, role, token FROM users WHERE token=?", (hash_token(token),)).fetchone()
+        return (row[0], row[1]) if row and same_hash(row[2], token) else None
 
     def user_exists(self, name: str) -> bool:
         return self.db.execute("SELECT 1 FROM users WHERE name=?", (name,)).fetchone() is not None

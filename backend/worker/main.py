@@ -50,7 +50,7 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         return
-    if os.getppid() == 1:
+    if os.getppid() == 1 and not os.environ.get("SINGULARITY_SANDBOXED"):  # in a sandbox, pid 1 is its init
         os._exit(1)
 
 

@@ -24,11 +24,11 @@ ODD_TORCH = "0.0.1-other-build"
 
 
 def _start_odd_agent(cluster: LocalCluster) -> subprocess.Popen:
-    env = {**os.environ, "SINGULARITY_HOME": str(cluster.home),
+    env = {**os.environ, "SINGULARITY_HOME": str(cluster.home), "SINGULARITY_JOIN_TOKEN": cluster.agent_token,
            "SINGULARITY_FINGERPRINT_OVERRIDE": json.dumps({"torch": ODD_TORCH})}
     log = open(cluster.home / "logs" / "agent-odd.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "backend.agent", "--server", cluster.url,
-                             f"--token={cluster.agent_token}", "--name", "odd", "--devices", "1",
+                             "--name", "odd", "--devices", "1",
                              "--home", str(cluster.home / "agents" / "odd"),
                              "--checkpoint-root", str(cluster.home / "checkpoints"), "--orphan-timeout", "60"],
                             env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
