@@ -10,7 +10,13 @@ BIN := $(VENV)/bin
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
 
+# Jobs run in a bubblewrap sandbox (docs/security.md); without bwrap they run unsandboxed, with
+# a warning in the agent's log.
 setup: $(BIN)/activate
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		{ apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+		  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; }; } >/dev/null 2>&1; } || \
+		echo "bubblewrap (bwrap) is not installed: jobs will run without a sandbox (see docs/security.md)"
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q -c constraints.txt torch
 	$(BIN)/pip install -q -e '.[test]'
 
