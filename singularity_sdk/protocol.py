@@ -115,6 +115,8 @@ class EventType(str, enum.Enum):
     INTERRUPTIBLE = "interruptible"
     #: what an exact resume depends on (versions, device, settings), and warnings about it
     EXACTNESS = "exactness"
+    #: log lines of a dead attempt that the re-executed steps print again (backend/server/log_replay.py)
+    SUPERSEDED = "superseded"
 
     def __str__(self) -> str:
         return self.value

@@ -214,6 +214,8 @@ class JobRun:
             except (ValueError, KeyError, TypeError):
                 continue
             data = {"rank": rp.rank, **msg.get("data", {})}
+            if etype in (EventType.CHECKPOINT_STARTED, EventType.CHECKPOINTED):
+                await _drain_output(rp)
             if etype == EventType.CHECKPOINTED and self.on_checkpoint is not None:
                 try:
                     data.update(await self.on_checkpoint(self, data))
@@ -299,6 +301,19 @@ class JobRun:
                     os.killpg(rp.pgid or rp.proc.pid, sig)
                 except ProcessLookupError:
                     pass
+
+
+async def _drain_output(rp: RankProcess) -> None:
+    """Let the output pumps pass on every whole line the rank wrote before its last control
+    message. Its output is unbuffered and was written first, so those lines are already in the
+    readers' buffers: afterwards a ``checkpointed`` event follows exactly the lines printed before
+    that checkpoint (what backend/server/log_replay.py relies on)."""
+    streams = [s for s in (rp.proc.stdout, rp.proc.stderr) if s is not None]
+    for _ in range(1000):
+        await asyncio.sleep(0)
+        # StreamReader has no public peek; a partial last line stays until its newline comes.
+        if not any(b"\n" in getattr(s, "_buffer", b"") for s in streams):
+            return
 
 
 def _read_all(fd: int) -> bytes:

@@ -23,6 +23,7 @@ from singularity_sdk.protocol import (
     Welcome,
 )
 
+from . import log_replay
 from .core import AgentLink
 
 log = logging.getLogger("singularity.server")
@@ -165,6 +166,8 @@ class AgentSide:
         elif ae.type == EventType.RESUMED:
             emit(ae.type, {**ae.data, "node": node, "attempt": ae.attempt,
                            "placement": json.loads(row["placement_json"])}, ae.time)
+            if superseded := log_replay.after_restore(self.store, ae.job_id, ae.attempt, ae.data):
+                emit(EventType.SUPERSEDED, superseded)
             moved = json.loads(row["migration_json"] or "{}")
             seconds = round(ae.time - moved.get("requested_at", ae.time), 3)
             if state == JobState.MIGRATING:
@@ -181,6 +184,9 @@ class AgentSide:
             if row["started_at"] is None:
                 self.store.update_job(ae.job_id, started_at=ae.time)
             emit(EventType.STARTED, {**ae.data, "node": node}, ae.time)
+            if not row["last_checkpoint_json"] and (superseded := log_replay.before_fresh_start(
+                    self.store, ae.job_id, ae.attempt)):
+                emit(EventType.SUPERSEDED, superseded)
         elif ae.type == EventType.RESULT:
             blob = ae.data.get("pickle_b64")
             raw = base64.b64decode(blob) if blob else None

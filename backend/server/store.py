@@ -26,6 +26,7 @@ from singularity_sdk.protocol import (
     Placement,
 )
 
+from . import log_replay
 from .credentials import HASH_PREFIX, hash_token, new_token, same_hash
 
 SCHEMA = """
@@ -265,14 +266,12 @@ class Store:
         return [Event(job_id=job_id, seq=s, type=EventType(t), time=tm, data=json.loads(d)) for s, t, tm, d in rows]
 
     def log_lines(self, job_id: str) -> list[tuple[int, str, str]]:
+        """(rank, stream, line) of the job's output, without superseded lines (log_replay.py)."""
         rows = self.db.execute(
-            "SELECT data_json FROM events WHERE job_id=? AND type='log' ORDER BY seq", (job_id,)
+            "SELECT seq, type, data_json FROM events WHERE job_id=? AND type IN ('log', 'superseded') ORDER BY seq",
+            (job_id,),
         ).fetchall()
-        out = []
-        for (d,) in rows:
-            data = json.loads(d)
-            out.append((int(data.get("rank", 0)), data.get("stream", "stdout"), data.get("line", "")))
-        return out
+        return log_replay.visible([(seq, t, json.loads(d)) for seq, t, d in rows])
 
     # ------------------------------------------------------------------ nodes
 
