@@ -374,10 +374,8 @@ class AgentSocket(AuthedSocket):
                 return
             if msg.node != node_of(self.user):
                 log.warning("credential of %s said hello as node %r: refused", self.user, msg.node)
-                self.send_json({"type": "error", "error": f"this credential belongs to node "
-                                                          f"'{node_of(self.user)}', not '{msg.node}'"})
-                self.close(4403, "credential of another node")
-                return
+                raise ServiceError(403, f"this credential belongs to node '{node_of(self.user)}', not "
+                                        f"'{msg.node}'; the hello is ignored")
             self.node = msg.node
             welcome = self.service.agent_hello(self, msg)
             self.send(welcome)
