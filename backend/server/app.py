@@ -392,8 +392,8 @@ class AgentSocket(AuthedSocket):
         self.send_json({"type": "error", "error": f"event {agent_seq} skipped: {why}"})
 
     def on_close(self) -> None:
-        if self.node is not None:
-            self.service.agent_disconnected(self)
+        if self.node is not None:  # no close frame: the agent's process (or its machine) died
+            self.service.agent_disconnected(self, dropped=self.close_code is None)
 
 
 def routes(service: Service, prefix: str = "") -> list[tuple[str, type, dict]]:
