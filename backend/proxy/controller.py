@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
+from . import background
 from .store import CheckpointStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,6 +60,9 @@ class Controller:
         self.on_event = on_event
         #: read by every safe point; True means "take the slow path at the next one"
         self.flag = False
+        #: a one-rank checkpoint the job runs on after is written behind the loop (background.py)
+        self.write_behind = True
+        self.writer = background.Writer()
         self._lock = threading.Lock()
         self._pending: Optional[_Request] = None
         self._at_step: Optional[tuple[int, str]] = None
@@ -228,6 +232,7 @@ class Controller:
         self._ticker.start()
 
     def _detach(self) -> None:
+        self.writer.wait()  # a checkpoint being written behind the loop commits before the run ends
         self._stop_ticker.set()
         if self._ticker is not None:
             self._ticker.join(timeout=5)

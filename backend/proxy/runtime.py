@@ -18,7 +18,7 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
-from . import iterators, rng
+from . import background, iterators, rng
 from .errors import CheckpointError, CheckpointFailure, Preempted
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -322,6 +322,9 @@ class Runtime:
         ctl._emit("checkpoint_started", {"step": label, "reason": request.reason, "then": request.then})
         failure: Optional[dict] = None
         try:
+            if background.applies(self, request):  # snapshot now; write and report behind the loop
+                background.checkpoint(self, boundary, label, started, wait_s)
+                return
             ref, nbytes, rebuilt = write_checkpoint(self, boundary, label)
         except CheckpointFailure as e:
             failure = {"error": str(e), "variables": e.variables}

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import cloudpickle
 
-from . import context, digest, handles, iterators, lazy, rng, training_state
+from . import background, context, digest, handles, iterators, lazy, rng, training_state
 from .errors import CheckpointError, CheckpointFailure
 from .rewrite import PREFIX
 from .store import CheckpointDamaged, CheckpointStore, DigestMismatch, expected_digest
@@ -335,23 +335,27 @@ def _diagnose(namespace: dict, saved_locals: Optional[dict],
     return bad
 
 
-def write_checkpoint(rt: "Runtime", boundary: Optional[int],
-                     label: Optional[int] = None) -> tuple["CheckpointRef", int, list[str]]:
+def write_checkpoint(rt: "Runtime", boundary: Optional[int], label: Optional[int] = None,
+                     snapshot: bool = False) -> tuple[Any, int, list[str]]:
     """Write this rank's part of a checkpoint at the current safe point, as checkpoint number
     ``label`` (default: this rank's step; the ranks of a job pass the number they agreed on).
 
-    Returns (reference, bytes written, names that the restore will rebuild).  Raises
-    `CheckpointFailure` (program state untouched) when something cannot be saved.
+    Returns (reference, bytes written, names that the restore will rebuild); with ``snapshot``
+    the bytes are only pickled into memory and a `background.Snapshot` stands for the reference
+    (background.py writes it).  Raises `CheckpointFailure` (program state untouched) when
+    something cannot be saved.  A write still in flight behind the loop is waited for first.
     """
+    rt.ctl.writer.wait()
     globals_ = rt.fn_globals if rt.fn_globals is not None else rt.ns
     token = _SAVE_NS.set((globals_, globals_ is rt.ns))  # probes and the save pickle alike
     try:
-        return _write_checkpoint(rt, boundary, rt.step if label is None else label)
+        return _write_checkpoint(rt, boundary, rt.step if label is None else label, snapshot)
     finally:
         _SAVE_NS.reset(token)
 
 
-def _write_checkpoint(rt: "Runtime", boundary: Optional[int], label: int) -> tuple["CheckpointRef", int, list[str]]:
+def _write_checkpoint(rt: "Runtime", boundary: Optional[int], label: int,
+                      snapshot: bool) -> tuple[Any, int, list[str]]:
     ctl = rt.ctl
     position, loop_failures = _position(rt, boundary)
     namespace, saved_locals = _variables(rt)
@@ -395,6 +399,10 @@ def _write_checkpoint(rt: "Runtime", boundary: Optional[int], label: int) -> tup
             written["bytes"] = f.bytes + blob_bytes
 
         try:
+            if snapshot:
+                snap = background.Snapshot()
+                save_graph(graph, snap)
+                return snap, snap.bytes, sorted(rebuild)
             ref = ctl.store.write(label, ctl.rank, ctl.world_size, writer)
             return ref, int(written["bytes"]), sorted(rebuild)
         except _PICKLE_ERRORS as e:
@@ -530,7 +538,8 @@ def load_graph(ref: "CheckpointRef", rank: int, target_namespace: dict, identity
     token = _LOAD_NS.set(target_namespace)
     try:
         # one rank: its file is hashed as it is read (CheckpointStore.verify did not)
-        graph = _read_graph(path, ref.blob_dir, expected_digest(ref, path.name) if ref.world_size == 1 else None)
+        with training_state.deferring() as iterators_to_make:
+            graph = _read_graph(path, ref.blob_dir, expected_digest(ref, path.name) if ref.world_size == 1 else None)
     except DigestMismatch as e:
         older = CheckpointStore(ref.path.parent).latest(before=ref.step)
         warnings.warn(f"checkpoint {ref.path} is damaged and was skipped: {e}", CheckpointDamaged, stacklevel=2)
@@ -545,6 +554,8 @@ def load_graph(ref: "CheckpointRef", rank: int, target_namespace: dict, identity
     finally:
         if token is not None:
             _LOAD_NS.reset(token)
+    if isinstance(graph, dict):
+        graph["deferred_iterators"] = iterators_to_make  # made by rebuild_variables, globals in place
     if not isinstance(graph, dict) or graph.get("format") != GRAPH_FORMAT:
         written = graph if isinstance(graph, dict) else {}
         raise CheckpointError(fingerprint.format_refusal(written.get("format"), GRAPH_FORMAT,
@@ -557,7 +568,11 @@ def load_graph(ref: "CheckpointRef", rank: int, target_namespace: dict, identity
 
 
 def rebuild_variables(rt: "Runtime", graph: dict, globals_: dict, locals_: Optional[dict]) -> list[str]:
-    """Re-run the statements recorded in ``graph['rebuild']``; their output is suppressed."""
+    """Re-run the statements recorded in ``graph['rebuild']``; their output is suppressed.
+
+    First the DataLoader iterators the load left as shells are made (the namespace is in place now).
+    """
+    training_state.finish_loading(graph.get("deferred_iterators") or [])
     rebuilt: list[str] = []
     saved = locals_ if locals_ is not None else globals_
     for entry in graph["rebuild"]:

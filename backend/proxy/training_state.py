@@ -21,12 +21,13 @@ attached to them after they exist (gradients, the scaler's per-optimizer states)
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import copyreg
 import functools
 import pickle
 import weakref
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from . import iterators, lazy, rng
 
@@ -256,13 +257,49 @@ def _reduce_loader_iter(it: Any) -> tuple:
     if origin is None:
         raise pickle.PicklingError(
             "a DataLoader iterator created before the job's engine started cannot be saved")
-    return _rebuild_loader_iter, (origin.loader, origin.mode, origin.full, origin.created, origin.first,
-                                  int(getattr(it, "_num_yielded", 0)))
+    return _loader_iter_shell, (type(it), origin.loader, origin.mode, origin.full, origin.created, origin.first,
+                                int(getattr(it, "_num_yielded", 0)))
+
+
+#: iterators unpickled while a checkpoint loads, made for real once the namespace is in place
+_DEFERRED: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("sg_deferred_iterators", default=None)
+
+
+@contextlib.contextmanager
+def deferring() -> Iterator[list]:
+    """While a checkpoint is unpickled: DataLoader iterators are empty shells until `finish_loading`.
+
+    Re-creating one runs the program's own code (its dataset's ``__getitem__``, in worker
+    processes too), which needs the program's globals: they are in place only after the load.
+    """
+    pending: list = []
+    token = _DEFERRED.set(pending)
+    try:
+        yield pending
+    finally:
+        _DEFERRED.reset(token)
+
+
+def finish_loading(pending: list) -> None:
+    """Make the shells of `deferring` the iterators they stand for, in the order they were met."""
+    while pending:
+        shell, args = pending.pop(0)
+        _rebuild_loader_iter(*args, into=shell)
+
+
+def _loader_iter_shell(cls: type, *args: Any) -> Any:
+    pending = _DEFERRED.get()
+    if pending is None:
+        return _rebuild_loader_iter(*args)
+    shell = cls.__new__(cls)
+    pending.append((shell, args))
+    return shell
 
 
 def _rebuild_loader_iter(loader: Any, mode: str, full: bool, created: tuple, first: Optional[tuple],
-                         yielded: int) -> Any:
-    """``iter(loader)`` again under the RNG it was created under, advanced to the same batch.
+                         yielded: int, into: Any = None) -> Any:
+    """``iter(loader)`` again under the RNG it was created under, advanced to the same batch
+    (made in ``into``, an empty instance of the iterator's class, when given).
 
     The loader's generators are put back as they were; the global generators are left as this
     leaves them: the restore sets them to their checkpointed states once the graph is loaded.
@@ -270,7 +307,14 @@ def _rebuild_loader_iter(loader: Any, mode: str, full: bool, created: tuple, fir
     gens_now = [(g, g.get_state()) for g in iterators.loader_generators(loader)]
     try:
         _apply(created)
-        it = iter(loader)
+        if into is None:
+            it = iter(loader)
+        else:  # what DataLoader.__iter__ does, in place
+            it = into
+            type(it).__init__(it, loader)
+            if loader.persistent_workers and loader.num_workers > 0:
+                loader._iterator = it
+            it.__dict__[_ORIGIN] = LoaderOrigin(loader, mode, full, created)
         origin: LoaderOrigin = it.__dict__[_ORIGIN]
         if first is not None and origin.first is None:
             _apply(first)  # the RNG at the original's first batch, when its sampler drew its seed

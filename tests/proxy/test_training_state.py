@@ -291,9 +291,16 @@ class Infinite:
             self.it = iter(self.loader)
             return next(self.it)
 
+class Noisy(torch.utils.data.Dataset):  # the program's own class, reading its globals in workers
+    def __len__(self):
+        return 24
+    def __getitem__(self, i):
+        return torch.tensor([float(i)]), torch.randn(()) * SCALE
+
+SCALE = 2.0
 torch.manual_seed(0)
 ds = TensorDataset(torch.arange(24.0).unsqueeze(1), torch.randn(24))
-bl = Infinite(ds, num_workers=NUM_WORKERS)
+bl = Infinite(Noisy(), num_workers=NUM_WORKERS)
 it = iter(DataLoader(ds, batch_size=5, shuffle=True))
 for step in range(14):
     xb, yb = bl.next()

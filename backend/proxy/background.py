@@ -1,0 +1,110 @@
+"""Periodic checkpoints that do not stop training: snapshot at the safe point, write behind it.
+
+A checkpoint the job keeps running after (``then='continue'``: periodic, or an explicit
+``checkpoint``) needs from the training loop only a consistent copy of its state.  At the safe
+point the graph is pickled into memory (`Snapshot`: the non-tensor objects, and every tensor's
+bytes copied once, which for a CUDA tensor is the device-to-host copy); the hash, the write,
+the fsync and the commit then run in a thread of their own at a lower CPU priority while the
+loop goes on (the pattern of CheckFreq and PyTorch's asynchronous checkpointing).  At most one
+write is in flight: the next checkpoint, a preemption's included, first waits for it, so a
+preemption that arrives mid-write waits only for that write.  The ``checkpointed`` event is sent
+when the write has committed, never before; a kill -9 during it leaves the previous checkpoint.
+
+Only one-rank jobs write behind: the ranks of a data-parallel job agree that every rank has
+written its part before any of them continues, which a write in the background cannot promise.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .controller import _Request
+    from .runtime import Runtime
+    from .store import RankFile
+
+log = logging.getLogger(__name__)
+#: niceness added to the writer thread, so on a small machine it yields the core to the training loop
+WRITER_NICENESS = 10
+
+
+class Snapshot:
+    """A checkpoint's bytes held in memory: what `state.save_graph` wrote, in the pieces it wrote."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.bytes = 0
+
+    def write(self, data: Any) -> int:
+        piece = bytes(data)  # the copy that lets the program change its tensors right after
+        self.parts.append(piece)
+        self.bytes += len(piece)
+        return len(piece)
+
+    def write_to(self, f: "RankFile") -> None:
+        for piece in self.parts:
+            f.write(piece)
+
+
+class Writer:
+    """Runs at most one checkpoint write at a time, in a daemon thread."""
+
+    def __init__(self) -> None:
+        self._thread: Optional[threading.Thread] = None
+
+    def wait(self) -> None:
+        """Until the write in flight (if any) has committed or failed."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self._thread = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=_lowered(job), name="proxy-checkpoint-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+
+def _lowered(job: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        try:  # Linux: a thread's niceness is its own (best effort elsewhere)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
+        except (AttributeError, OSError):
+            pass
+        job()
+    return run
+
+
+def applies(rt: "Runtime", request: "_Request") -> bool:
+    """Whether this checkpoint may be written behind the loop."""
+    ctl = rt.ctl
+    return request.then == "continue" and ctl.world_size == 1 and getattr(ctl, "write_behind", False)
+
+
+def checkpoint(rt: "Runtime", boundary: Optional[int], label: int, started: float, wait_s: float) -> None:
+    """Snapshot now (a `CheckpointFailure` is raised here, as for a write), write and report behind."""
+    from .state import write_checkpoint
+
+    ctl = rt.ctl
+    snap, nbytes, rebuilt = write_checkpoint(rt, boundary, label, snapshot=True)
+    snapshot_s = time.monotonic() - started
+    ctl._checkpoint_written()
+
+    def job() -> None:
+        try:
+            ref = ctl.store.write(label, ctl.rank, 1, snap.write_to)
+        except Exception as e:  # disk full, permissions: the job runs on, the previous one stays
+            ctl._emit("checkpoint_failed", {"error": f"{type(e).__name__}: {e}", "variables": []})
+            return
+        ctl._emit("checkpointed", {"step": label, "bytes": nbytes, "seconds": time.monotonic() - started,
+                                   "snapshot_s": snapshot_s, "wait_s": wait_s, "path": str(ref.path),
+                                   "rebuilt": rebuilt, "background": True})
+
+    ctl.writer.submit(job)
