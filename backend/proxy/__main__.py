@@ -30,6 +30,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     stop.add_argument("--stop-at-step", type=int, metavar="N", help="checkpoint and exit at safe point N")
     stop.add_argument("--stop-after-seconds", type=float, metavar="T", help="checkpoint and exit after T s")
     p.add_argument("--checkpoint-every", type=float, metavar="S", help="periodic checkpoints every S seconds")
+    p.add_argument("--write-in-line", action="store_true",
+                   help="write periodic checkpoints at the safe point instead of behind the loop")
     p.add_argument("--keep", type=int, default=2, help="checkpoints to keep (default 2)")
     p.add_argument("--callable", action="store_true", help="SCRIPT holds cloudpickle.dumps((fn, args, kwargs))")
     p.add_argument("--print-result", action="store_true", help="print repr() of a non-None result to stdout")
@@ -88,6 +90,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     store = CheckpointStore(args.checkpoint_dir, keep=args.keep)
     controller = Controller(store, checkpoint_every=args.checkpoint_every, on_event=_say)
+    controller.write_behind = not args.write_in_line
     restore = None
     if args.restore:
         restore = store.latest()
