@@ -120,6 +120,7 @@ class ClusterWidget(W.VBox):
         while not self._stop.is_set():
             try:
                 with ws_connect(self.client.ws_url("/events/ws"), additional_headers=self.client.headers,
+                                **self.client.ws_kwargs,
                                 open_timeout=10, close_timeout=1) as ws:
                     self._ws = ws
                     self.refresh()

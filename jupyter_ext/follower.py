@@ -113,7 +113,7 @@ class EventFollower:
             while not self._stop.is_set() and not self.finished:
                 url = self.client.ws_url(f"/jobs/{self.job_id}/events/ws?since={self.last_seq}")
                 try:
-                    with ws_connect(url, additional_headers=self.client.headers, max_size=None,
+                    with ws_connect(url, additional_headers=self.client.headers, max_size=None, **self.client.ws_kwargs,
                                     open_timeout=10, close_timeout=1) as ws:
                         backoff = 0.2
                         self._ws = ws

@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+from singularity_sdk.metrics import Series
 from singularity_sdk.protocol import Event, EventType, JobInfo, JobState
 from singularity_sdk.render import describe
 
@@ -52,7 +53,7 @@ class TimelineEntry:
 class JobView:
     """State, placement, progress, timeline and recent log lines of one job."""
 
-    def __init__(self, info: JobInfo, max_timeline: int = 300, max_log_lines: int = 400):
+    def __init__(self, info: JobInfo, max_timeline: int = 300, max_log_lines: int = 400, printed_metrics: bool = True):
         self.id = info.id
         self.name = info.name
         self.sla = info.sla.value
@@ -78,12 +79,17 @@ class JobView:
         self.exactness_warnings: list[str] = []
         self.timeline: deque[TimelineEntry] = deque(maxlen=max_timeline)
         self.logs: deque[str] = deque(maxlen=max_log_lines)
+        #: (seq, rank) of each line in ``logs``: a ``superseded`` event names lines by them
+        self._log_keys: deque[tuple[int, int]] = deque(maxlen=max_log_lines)
         self.log_lines = 0
+        #: the training curve (rank 0): ``singularity_sdk.log`` reports and printed metrics
+        self.metrics = Series(rank=0, printed=printed_metrics)
 
     # ------------------------------------------------------------------ input
     def apply(self, events: Iterable[Event]) -> bool:
         """Fold events in; returns whether anything changed."""
-        changed = False
+        events = list(events)
+        changed = self.metrics.apply(events)
         for ev in events:
             if ev.seq <= self.last_seq:
                 continue
@@ -111,8 +117,11 @@ class JobView:
             line = str(d.get("line", ""))
             prefix = f"[rank {d.get('rank', 0)}] " if self.ranks > 1 else ""
             self.logs.append(prefix + line.rstrip("\n"))
+            self._log_keys.append((ev.seq, int(d.get("rank", 0))))
             self.log_lines += 1
             return
+        if t == EventType.SUPERSEDED:
+            self._drop_superseded(d)
         if t == EventType.PROGRESS:
             self._progress(ev)
             return
@@ -155,6 +164,15 @@ class JobView:
             self.placement = []
             self.rate = None
         self.timeline.append(TimelineEntry(ev.seq, ev.time, t, describe(ev)))
+
+    def _drop_superseded(self, d: dict[str, Any]) -> None:
+        """Forget the lines a dead attempt printed that the re-run steps print again."""
+        lo, hi, ranks = d.get("after_seq", 0), d.get("before_seq", 0), d.get("ranks")
+        kept = [(key, text) for key, text in zip(self._log_keys, self.logs)
+                if not (lo < key[0] < hi and (ranks is None or key[1] in ranks))]
+        self.log_lines -= len(self.logs) - len(kept)
+        self.logs = deque((text for _k, text in kept), maxlen=self.logs.maxlen)
+        self._log_keys = deque((k for k, _t in kept), maxlen=self._log_keys.maxlen)
 
     def _progress(self, ev: Event) -> None:
         step = ev.data.get("step")
@@ -212,9 +230,11 @@ class JobView:
         return "; ".join(p for p in parts if p)
 
     def summary(self) -> str:
-        extra = self.interruptible_text()
+        from .chart import sparkline
+
+        extra = [x for x in (sparkline(self.metrics), self.interruptible_text()) if x]
         return (f"{self.name} ({self.id}): {self.state.value}; {self.placement_text()}; {self.progress_text()}"
-                + (f"; {extra}" if extra else ""))
+                + "".join(f"; {x}" for x in extra))
 
 
 def _clock(seconds: float) -> str:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional, Union
 
 import httpx
 
+from . import tls
 from .config import resolve
 from .errors import APIError, CheckpointFailed, AuthError, Conflict, InvalidRequest, JobCancelled, JobFailed, JobNotFound, ServerUnreachable
 from pydantic import ValidationError
@@ -29,11 +30,17 @@ Code = Union[str, Path, Callable[..., Any]]
 
 class BaseClient:
     def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, home: Optional[Path] = None,
-                 timeout: float = 30.0):
+                 timeout: float = 30.0, ca: Optional[str] = None):
         conn = resolve(url, token, home)
         self.url = conn.url
         self.token = conn.token
         self.timeout = timeout
+        #: trusts the private CA of a TLS server (ca=, SINGULARITY_CA or server.json); None: defaults
+        self.ssl = tls.context(ca or conn.ca)
+
+    @property
+    def ws_kwargs(self) -> dict[str, Any]:
+        return tls.websocket_kwargs(self.ws_url(""), self.ssl)
 
     @property
     def headers(self) -> dict[str, str]:

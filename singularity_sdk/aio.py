@@ -12,6 +12,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase, control_done
+from . import metrics
 from .errors import WaitTimeout
 from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
 
@@ -52,7 +53,7 @@ class AsyncJob(JobBase):
             return
         url = self._client.ws_url(f"/jobs/{self.id}/events/ws?since={since}")
         try:
-            async with ws_connect(url, additional_headers=self._client.headers, max_size=None,
+            async with ws_connect(url, additional_headers=self._client.headers, max_size=None, **self._client.ws_kwargs,
                             max_queue=None, close_timeout=2) as ws:
                 async for raw in ws:
                     ev = Event.model_validate(json.loads(raw))
@@ -61,6 +62,15 @@ class AsyncJob(JobBase):
                         return
         except (OSError, ConnectionClosed) as exc:
             raise self._client.unreachable(exc) from None
+
+    async def metrics(self, *, rank: Optional[int] = 0, printed: bool = True, as_frame: bool = False) -> Any:
+        """The job's training curve so far: one dict per report (``step``, ``time``, ``rank``,
+        ``source`` -- ``log`` for ``singularity_sdk.log``, ``print`` for a parsed printed line --
+        and the values, e.g. ``loss``). Rank 0 by default (``rank=None``: every rank);
+        ``printed=False`` ignores printed lines; ``as_frame=True`` gives a pandas DataFrame.
+        The grammar of printed metrics is in ``singularity_sdk.metrics``."""
+        events = [ev async for ev in self.events(follow=False)]
+        return metrics.result(events, rank=rank, printed=printed, frame=as_frame)
 
     async def _action(self, action: str, reason: str = "", **body: Any) -> "AsyncJob":
         if reason:
@@ -128,9 +138,9 @@ class AsyncJob(JobBase):
 
 class AsyncClient(BaseClient):
     def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, home: Optional[Path] = None,
-                 timeout: float = 30.0):
-        super().__init__(url, token, home=home, timeout=timeout)
-        self._http = httpx.AsyncClient(headers=self.headers, timeout=timeout)
+                 timeout: float = 30.0, ca: Optional[str] = None):
+        super().__init__(url, token, home=home, timeout=timeout, ca=ca)
+        self._http = httpx.AsyncClient(headers=self.headers, timeout=timeout, verify=self.ssl or True)
 
     async def _request(self, method: str, path: str, **kw: Any) -> Any:
         try:

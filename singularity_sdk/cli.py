@@ -31,7 +31,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     run(args.home, args.host, args.port, args.nodes, args.devices_per_node, args.store, args.checkpoint_every,
         args.node_timeout, args.policy, args.min_move_interval, args.move_cost,
-        checkpoint_timeout=args.checkpoint_timeout)
+        checkpoint_timeout=args.checkpoint_timeout, tls_cert=args.tls_cert, tls_key=args.tls_key, ca=args.ca)
     return 0
 
 
@@ -288,6 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a job preempted or moved by the scheduler is left alone this long")
     s.add_argument("--move-cost", type=float, default=5.0, metavar="SECONDS",
                    help="what the policy assumes a preemption or migration costs (defragmentation weighs it)")
+    s.add_argument("--tls-cert", default=None, metavar="PEM", help="serve HTTPS with this certificate (with --tls-key)")
+    s.add_argument("--tls-key", default=None, metavar="PEM", help="the certificate's private key")
+    s.add_argument("--ca", default=None, metavar="PEM",
+                   help="the CA that signed --tls-cert, for clients and local agents (default: the certificate "
+                        "itself, as for a self-signed one); written to server.json")
     s.set_defaults(fn=cmd_serve)
 
     add("agent", help="run a node agent (see 'singularityctl agent --help')", add_help=False)

@@ -11,6 +11,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase, control_done
+from . import metrics
 from .errors import WaitTimeout
 from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
 
@@ -56,7 +57,7 @@ class Job(JobBase):
             return
         url = self._client.ws_url(f"/jobs/{self.id}/events/ws?since={since}")
         try:
-            with ws_connect(url, additional_headers=self._client.headers, max_size=None,
+            with ws_connect(url, additional_headers=self._client.headers, max_size=None, **self._client.ws_kwargs,
                             max_queue=None, close_timeout=2) as ws:
                 for raw in ws:
                     ev = Event.model_validate(json.loads(raw))
@@ -65,6 +66,14 @@ class Job(JobBase):
                         return
         except (OSError, ConnectionClosed) as exc:
             raise self._client.unreachable(exc) from None
+
+    def metrics(self, *, rank: Optional[int] = 0, printed: bool = True, as_frame: bool = False) -> Any:
+        """The job's training curve so far: one dict per report (``step``, ``time``, ``rank``,
+        ``source`` -- ``log`` for ``singularity_sdk.log``, ``print`` for a parsed printed line --
+        and the values, e.g. ``loss``). Rank 0 by default (``rank=None``: every rank);
+        ``printed=False`` ignores printed lines; ``as_frame=True`` gives a pandas DataFrame.
+        The grammar of printed metrics is in ``singularity_sdk.metrics``."""
+        return metrics.result(self.events(follow=False), rank=rank, printed=printed, frame=as_frame)
 
     def _action(self, action: str, reason: str = "", **body: Any) -> "Job":
         if reason:
@@ -138,9 +147,9 @@ class Client(BaseClient):
     which win over ``$SINGULARITY_HOME/server.json``."""
 
     def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, home: Optional[Path] = None,
-                 timeout: float = 30.0):
-        super().__init__(url, token, home=home, timeout=timeout)
-        self._http = httpx.Client(headers=self.headers, timeout=timeout)
+                 timeout: float = 30.0, ca: Optional[str] = None):
+        super().__init__(url, token, home=home, timeout=timeout, ca=ca)
+        self._http = httpx.Client(headers=self.headers, timeout=timeout, verify=self.ssl or True)
 
     # -- transport
     def _request(self, method: str, path: str, **kw: Any) -> Any:

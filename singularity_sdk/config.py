@@ -18,6 +18,8 @@ def default_home() -> Path:
 class Connection:
     url: str
     token: str
+    #: the CA certificate that signed a TLS server's certificate (server.json's "ca"), if any
+    ca: Optional[str] = None
 
 
 def resolve(url: Optional[str] = None, token: Optional[str] = None, home: Optional[Path] = None) -> Connection:
@@ -37,4 +39,4 @@ def resolve(url: Optional[str] = None, token: Optional[str] = None, home: Option
         ) from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
-    return Connection((url or info["url"]).rstrip("/"), token or info["token"])
+    return Connection((url or info["url"]).rstrip("/"), token or info["token"], info.get("ca"))

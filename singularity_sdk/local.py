@@ -28,7 +28,8 @@ class LocalCluster:
                  store: Optional[str] = None, node_timeout: Optional[float] = None,
                  checkpoint_every: Optional[float] = None, policy: Optional[str] = None,
                  min_move_interval: Optional[float] = None, move_cost: Optional[float] = None,
-                 checkpoint_timeout: Optional[float] = None):
+                 checkpoint_timeout: Optional[float] = None, tls_cert: Optional[Path] = None,
+                 tls_key: Optional[Path] = None):
         self.nodes = nodes
         self.devices_per_node = devices_per_node
         self._own_home = home is None
@@ -51,10 +52,14 @@ class LocalCluster:
             self.extra_args += ["--move-cost", str(move_cost)]
         if checkpoint_timeout is not None:
             self.extra_args += ["--checkpoint-timeout", str(checkpoint_timeout)]
+        if tls_cert is not None and tls_key is not None:
+            self.extra_args += ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]
         self.proc: Optional[subprocess.Popen] = None
         self.url = ""
         self.token = ""
         self.agent_token = ""
+        #: the CA clients trust when the cluster serves TLS (from server.json)
+        self.ca: Optional[str] = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -77,6 +82,7 @@ class LocalCluster:
             time.sleep(0.05)
         info = json.loads(server_json.read_text())
         self.url, self.token, self.agent_token = info["url"], info["token"], info["agent_token"]
+        self.ca = info.get("ca")
         self.port = int(self.url.rsplit(":", 1)[1])
         self.wait_for_nodes(deadline)
         return self
@@ -101,10 +107,10 @@ class LocalCluster:
                 time.sleep(0.05)
 
     def client(self, token: Optional[str] = None) -> Client:
-        return Client(self.url, token or self.token)
+        return Client(self.url, token or self.token, ca=self.ca)
 
     def async_client(self, token: Optional[str] = None) -> AsyncClient:
-        return AsyncClient(self.url, token or self.token)
+        return AsyncClient(self.url, token or self.token, ca=self.ca)
 
     def agent_pids(self) -> dict[str, int]:
         out = {}

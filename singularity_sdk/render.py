@@ -93,6 +93,10 @@ def describe(ev: Event) -> str:
         return str(d.get("message") or ("interruptible" if d.get("interruptible") else "no safe point"))
     if t == EventType.EXACTNESS:
         return exactness_text(d)
+    if t == EventType.SUPERSEDED:
+        who = "every rank" if d.get("ranks") is None else f"rank(s) {d.get('ranks')}"
+        return (f"{d.get('lines')} log line(s) of {who} superseded: the steps after the restored checkpoint "
+                f"printed them again")
     return f"{t.value} {d}"
 
 

@@ -38,6 +38,7 @@ from singularity_sdk.protocol import (
 )
 
 from backend.proxy.fingerprint import node as node_fingerprint
+from singularity_sdk import tls
 from singularity_sdk.config import default_home
 
 from . import sandbox
@@ -54,9 +55,11 @@ WARM_ENV = "SINGULARITY_WARM_WORKERS"
 class Agent:
     def __init__(self, server: str, token: str, name: str, devices: list[DeviceInfo], home: Path,
                  checkpoint_root: Path, threads_per_slot: int = 1, orphan_timeout: Optional[float] = None,
-                 store: Optional[str] = None, address: Optional[str] = None):
+                 store: Optional[str] = None, address: Optional[str] = None, ca: Optional[str] = None):
         self.url = server.rstrip("/").replace("http://", "ws://").replace("https://", "wss://") + API_PREFIX + "/agents/ws"
         self.token = token
+        #: trusts the server's private CA when it serves TLS (--ca / SINGULARITY_CA)
+        self.ssl = tls.context(ca)
         self.name = name
         self.devices = devices
         self.home = home
@@ -118,6 +121,7 @@ class Agent:
         while not self._stop.is_set():
             try:
                 async with connect(self.url, additional_headers={"Authorization": f"Bearer {self.token}"},
+                                   **tls.websocket_kwargs(self.url, self.ssl),
                                    max_size=64 * 1024 * 1024, open_timeout=5, ping_interval=10) as ws:
                     backoff = 0.1
                     await self._session(ws, stopper)
@@ -292,6 +296,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                    help="a file (mode 0600) holding this node's credential; default: 'credential' in --home, "
                         "or SINGULARITY_AGENT_TOKEN. Without one the agent enrolls with the join token "
                         "(SINGULARITY_JOIN_TOKEN, or --join-token-file) and keeps its credential in --home")
+    p.add_argument("--ca", default=os.environ.get(tls.CA_ENV) or None, metavar="PEM",
+                   help="the CA that signed the server's TLS certificate (default: SINGULARITY_CA, else the "
+                        "system's trust store)")
     p.add_argument("--join-token-file", type=Path, default=None,
                    help="a file holding the join token (agent_token in the server's server.json)")
     p.add_argument("--name", default=os.uname().nodename.split(".")[0])
@@ -313,10 +320,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     base = default_home()
     home = args.home or base / "agents" / args.name
     try:
-        token = obtain_credential(args.server, args.name, home, args.token_file, args.join_token_file)
+        token = obtain_credential(args.server, args.name, home, args.token_file, args.join_token_file,
+                                  tls.context(args.ca) or True)
     except RuntimeError as exc:
         raise SystemExit(f"singularityctl agent: {exc}") from None
     agent = Agent(args.server, token, args.name, discover(args.devices), home,
                   args.checkpoint_root or base / "checkpoints", args.threads_per_slot, args.orphan_timeout,
-                  args.store, args.address)
+                  args.store, args.address, args.ca)
     asyncio.run(agent.run())

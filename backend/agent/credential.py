@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import httpx
 
@@ -33,7 +33,7 @@ def save(path: Path, token: str) -> None:
     os.replace(tmp, path)
 
 
-def enroll(server: str, node: str, join_token: str, verify: bool | str = True) -> str:
+def enroll(server: str, node: str, join_token: str, verify: Any = True) -> str:
     """Ask the server for ``node``'s credential with the join token."""
     url = server.rstrip("/") + API_PREFIX + f"/nodes/{node}/enroll"
     try:
@@ -50,7 +50,7 @@ def enroll(server: str, node: str, join_token: str, verify: bool | str = True) -
 
 
 def obtain(server: str, node: str, home: Path, token_file: Optional[Path] = None,
-           join_token_file: Optional[Path] = None) -> str:
+           join_token_file: Optional[Path] = None, verify: Any = True) -> str:
     """This node's credential: ``--token-file``, SINGULARITY_AGENT_TOKEN, the one kept in the
     agent's home, or a new one enrolled with the join token (then kept in the home)."""
     if token_file is not None:
@@ -65,6 +65,6 @@ def obtain(server: str, node: str, home: Path, token_file: Optional[Path] = None
     if not join:
         raise RuntimeError(f"no credential for node '{node}': give --token-file, or the join token (agent_token "
                            f"in the server's server.json) in {JOIN_ENV} or --join-token-file to enroll")
-    token = enroll(server, node, join)
+    token = enroll(server, node, join, verify)
     save(home / CREDENTIAL_FILE, token)
     return token

@@ -32,6 +32,7 @@ from .app import MAX_BODY_BYTES, install_schedule_coalescing, make_app
 from .credentials import ADMIN_ROLE, JOIN_ROLE, NODE_ROLE, node_user
 from .service import Service, ServiceConfig
 from .store import Store
+from .tls import plain_http_warning, server_context
 
 log = logging.getLogger("singularity.server")
 
@@ -87,7 +88,7 @@ def _alive_agent(pid_file: Path) -> Optional[int]:
 
 
 def start_local_agents(home: Path, url: str, db: Store, nodes: int, devices: Optional[int],
-                       store: Optional[str] = None) -> list[int]:
+                       store: Optional[str] = None, ca: Optional[str] = None) -> list[int]:
     """Start (or adopt, after a restart) one agent process per local node.
 
     Without a store they share ``home/checkpoints``; with one, each keeps its own cache, as
@@ -106,6 +107,8 @@ def start_local_agents(home: Path, url: str, db: Store, nodes: int, devices: Opt
                    "--home", str(agents_dir / name), "--checkpoint-root", str(ckpt_root), "--orphan-timeout", "60"]
             if store:
                 cmd += ["--store", store]
+            if ca:
+                cmd += ["--ca", ca]
             if devices is not None:
                 cmd += ["--devices", str(devices)]
             logf = open(home / "logs" / f"agent-{name}.log", "ab")
@@ -147,7 +150,8 @@ def stop_local_agents(home: Path, pids: list[int], timeout: float = 10.0) -> Non
 
 async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int = 0,
                 devices_per_node: Optional[int] = None, config: ServiceConfig = ServiceConfig(),
-                store_url: Optional[str] = None) -> None:
+                store_url: Optional[str] = None, tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+                ca: Optional[str] = None) -> None:
     # The service's own files (state.db, logs, checkpoints) are the owner's only; jobs get the
     # umask serve was started with (backend/agent/sandbox.py).
     os.environ.setdefault(JOB_UMASK_ENV, f"{os.umask(0o077):03o}")
@@ -160,17 +164,22 @@ async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int =
     token, agent_token = service_tokens(store, home, user)
     service = Service(store, config)
     install_schedule_coalescing(service)
-    server = tornado.httpserver.HTTPServer(make_app(service), max_body_size=4 * MAX_BODY_BYTES,
+    ssl_ctx = server_context(tls_cert, tls_key) if tls_cert and tls_key else None
+    ca = (ca or tls_cert) if ssl_ctx else None  # a self-signed certificate is its own CA
+    if warning := plain_http_warning(host, ssl_ctx is not None):
+        log.warning(warning)
+    server = tornado.httpserver.HTTPServer(make_app(service), ssl_options=ssl_ctx, max_body_size=4 * MAX_BODY_BYTES,
                                            max_buffer_size=4 * MAX_BODY_BYTES)
     sockets = tornado.netutil.bind_sockets(port, host)
     server.add_sockets(sockets)
     real_port = sockets[0].getsockname()[1]
-    url = f"http://{host}:{real_port}"
-    write_private_json(home / "server.json", {
+    url = f"{'https' if ssl_ctx else 'http'}://{host}:{real_port}"
+    write_private_json(home / "server.json", {**({"ca": str(Path(ca).resolve())} if ca else {}),
         "url": url, "token": token, "user": user, "agent_token": agent_token, "pid": os.getpid(),
     })
     log.info("serving on %s (home %s)", url, home)
-    agent_pids = start_local_agents(home, url, store, nodes, devices_per_node, store_url) if nodes else []
+    agent_pids = start_local_agents(home, url, store, nodes, devices_per_node, store_url,
+                                    str(Path(ca).resolve()) if ca else None) if nodes else []
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -216,11 +225,12 @@ def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node
         node_timeout: float = ServiceConfig.node_timeout_s, policy: str = ServiceConfig.policy,
         min_move_interval: float = ServiceConfig.min_move_interval_s,
         move_cost: float = ServiceConfig.move_cost_s,
-        checkpoint_timeout: float = ServiceConfig.checkpoint_timeout_s) -> None:
+        checkpoint_timeout: float = ServiceConfig.checkpoint_timeout_s, tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None, ca: Optional[str] = None) -> None:
     home = Path(home) if home else default_home()
     logging.basicConfig(level=os.environ.get("SINGULARITY_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ServiceConfig(checkpoint_every=checkpoint_every, node_timeout_s=node_timeout, policy=policy,
                            min_move_interval_s=min_move_interval, move_cost_s=move_cost,
                            checkpoint_timeout_s=checkpoint_timeout)
-    asyncio.run(serve(home, host, port, nodes, devices_per_node, config, store))
+    asyncio.run(serve(home, host, port, nodes, devices_per_node, config, store, tls_cert, tls_key, ca))

@@ -42,6 +42,8 @@ STORY = [
     (EventType.RESIZED, {"from": 1, "to": 2, "splicing": 2, "seconds": 0.9, "placement": P1}),
     (EventType.NODE_LOST, {"node": "node-1", "silent_s": 10.2}),
     (EventType.RETRYING, {"attempt": 3, "why": "node lost", "retries": 1}),
+    # rank 1's line (seq 7) was printed after the checkpoint attempt 3 restores: printed again
+    (EventType.SUPERSEDED, {"attempt": 3, "ranks": [1], "after_seq": 6, "before_seq": 25, "lines": 1}),
     (EventType.SCHEDULED, {"attempt": 3, "placement": P2, "reason": "fifo"}),
     (EventType.CANCEL_REQUESTED, {"by": "ada", "reason": "enough"}),
     (EventType.RESULT, {"repr": "0.25", "bytes": 21, "error": None}),
@@ -83,8 +85,8 @@ def test_view_follows_the_story():
     assert states[idx[EventType.RESIZED]] == JobState.RUNNING
     assert states[idx[EventType.RETRYING]] == JobState.QUEUED
     assert view.state == JobState.CANCELLED and view.finished and view.placement == []
-    assert view.step == 31 and view.log_lines == 2 and view.splicing == 2
-    assert list(view.logs) == ["[rank 0] epoch 0", "[rank 1] warning: slow"]
+    assert view.step == 31 and view.log_lines == 1 and view.splicing == 2
+    assert list(view.logs) == ["[rank 0] epoch 0"]  # rank 1's line was superseded
     shown = {e.type for e in view.timeline}
     assert shown == {t for t, _ in STORY} - QUIET
     texts = "\n".join(e.text for e in view.timeline)
