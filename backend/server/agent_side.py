@@ -57,6 +57,7 @@ class AgentSide:
         with self.store.tx():
             acked = self.store.upsert_node(hello.node, hello.devices, hello.instance, hello.address)
         self.links[hello.node] = link
+        self.dropped.pop(hello.node, None)
         self.fingerprints[hello.node] = dict(hello.fingerprint)
         log.info("agent %s connected (%d devices, instance %s)", hello.node, len(hello.devices), hello.instance)
         self._reconcile(hello.node, {tuple(k) for k in hello.known_jobs})
@@ -81,10 +82,14 @@ class AgentSide:
             if (job_id, info.attempt) not in known:
                 self._job_lost(info, f"its workers on {node} are gone (the node agent restarted)")
 
-    def agent_disconnected(self, link: AgentLink) -> None:
+    def agent_disconnected(self, link: AgentLink, dropped: bool = False) -> None:
+        """``dropped``: the connection broke without a close frame, as when the agent's process
+        dies; unless it reconnects within ``drop_grace_s`` its node is lost (check_nodes)."""
         if self.links.get(link.node) is link:
             del self.links[link.node]
-            log.info("agent %s disconnected", link.node)
+            if dropped:
+                self.dropped[link.node] = time.time()
+            log.info("agent %s disconnected%s", link.node, " (connection dropped)" if dropped else "")
 
     def agent_heartbeat(self, node: str, hb: AgentHeartbeat) -> None:
         self.store.set_node(node, heartbeat_at=time.time())
@@ -347,15 +352,20 @@ class AgentSide:
         for n in self.store.nodes():
             if n.state in (NodeState.LOST, NodeState.DOWN) or n.name in self.links:
                 continue
-            if n.heartbeat_at is not None and now - n.heartbeat_at < self.config.node_timeout_s:
+            dropped_at = self.dropped.get(n.name)
+            dropped = dropped_at is not None and now - dropped_at >= self.config.drop_grace_s
+            if not dropped and n.heartbeat_at is not None and now - n.heartbeat_at < self.config.node_timeout_s:
                 continue
+            self.dropped.pop(n.name, None)
             with self.store.tx():
                 self.store.set_node(n.name, state=NodeState.LOST.value)
-            log.warning("node %s lost: no heartbeat for %.0f s", n.name, now - (n.heartbeat_at or 0))
+            why = "its agent's connection dropped and it did not come back" if dropped else "no heartbeat"
+            log.warning("node %s lost: %s (silent %.0f s)", n.name, why, now - (n.heartbeat_at or 0))
             for info in self.store.list_jobs(states=[s.value for s in JobState if s.holds_devices]):
                 if any(p.node == n.name for p in info.placement):
                     with self.store.tx():
                         ev = self._emit(info.id, EventType.NODE_LOST,
-                                        {"node": n.name, "silent_s": round(now - (n.heartbeat_at or now), 1)})
+                                        {"node": n.name, "silent_s": round(now - (n.heartbeat_at or now), 1),
+                                         "why": why})
                     self._publish(info.user, [ev])
                     self._job_lost(info, f"node {n.name} was lost")

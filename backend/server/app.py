@@ -374,10 +374,8 @@ class AgentSocket(AuthedSocket):
                 return
             if msg.node != node_of(self.user):
                 log.warning("credential of %s said hello as node %r: refused", self.user, msg.node)
-                self.send_json({"type": "error", "error": f"this credential belongs to node "
-                                                          f"'{node_of(self.user)}', not '{msg.node}'"})
-                self.close(4403, "credential of another node")
-                return
+                raise ServiceError(403, f"this credential belongs to node '{node_of(self.user)}', not "
+                                        f"'{msg.node}'; the hello is ignored")
             self.node = msg.node
             welcome = self.service.agent_hello(self, msg)
             self.send(welcome)
@@ -394,8 +392,8 @@ class AgentSocket(AuthedSocket):
         self.send_json({"type": "error", "error": f"event {agent_seq} skipped: {why}"})
 
     def on_close(self) -> None:
-        if self.node is not None:
-            self.service.agent_disconnected(self)
+        if self.node is not None:  # no close frame: the agent's process (or its machine) died
+            self.service.agent_disconnected(self, dropped=self.close_code is None)
 
 
 def routes(service: Service, prefix: str = "") -> list[tuple[str, type, dict]]:

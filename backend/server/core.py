@@ -32,6 +32,9 @@ class AgentLink(Protocol):
 class ServiceConfig:
     heartbeat_s: float = 1.0
     node_timeout_s: float = 10.0
+    #: a node whose agent's connection broke without a close (its process died) and that has not
+    #: reconnected this long is lost at once, without waiting for node_timeout_s
+    drop_grace_s: float = 2.0
     max_retries: int = 3
     retry_backoff_s: float = 0.5
     stop_grace_s: float = 1.0

@@ -56,6 +56,8 @@ class Service(AgentSide, Moves, Scheduling):
         self.policy = policy or make_policy(config)
         self.hub = Hub()
         self.links: dict[str, AgentLink] = {}
+        #: node -> when its agent's connection broke without a close frame (see check_nodes)
+        self.dropped: dict[str, float] = {}
         #: node -> what a resumed job's result depends on there (versions, device model), from its hello
         self.fingerprints: dict[str, dict[str, Any]] = {}
         self._schedule_hook: Callable[[], None] = self.schedule_now
