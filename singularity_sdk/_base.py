@@ -258,3 +258,8 @@ def control_done(job_id: str, goal: EventType, ev: "Event") -> bool:
     if ev.type == EventType.CHECKPOINT_FAILED:
         raise CheckpointFailed(job_id, str(ev.data.get("error")), ev.data.get("variables"))
     return ev.type == goal or ev.type in TERMINAL_EVENTS
+
+
+def checkpoint_bound(checkpoint_timeout: Optional[float]) -> dict[str, float]:
+    """The request body's bound on reaching a safe point, when the caller set one."""
+    return {} if checkpoint_timeout is None else {"checkpoint_timeout": float(checkpoint_timeout)}

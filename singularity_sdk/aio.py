@@ -11,7 +11,7 @@ import httpx
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
-from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase, control_done
+from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase, checkpoint_bound, control_done
 from . import metrics
 from .errors import WaitTimeout
 from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
@@ -88,34 +88,36 @@ class AsyncJob(JobBase):
                 raise WaitTimeout(f"job {self.id}: no {goal.value} within {timeout}s")
         await self.refresh()
 
-    async def preempt(self, reason: str = "", wait: bool = True, timeout: Optional[float] = None) -> "AsyncJob":
+    async def preempt(self, reason: str = "", wait: bool = True, timeout: Optional[float] = None,
+                      checkpoint_timeout: Optional[float] = None) -> "AsyncJob":
         """Checkpoint at the next safe point and stop, freeing the devices.
 
         With ``wait``, returns once the job is PREEMPTED (or ended first); raises
-        ``CheckpointFailed`` naming what could not be saved, in which case the job runs on."""
+        ``CheckpointFailed`` naming what could not be saved, or that the job reached no safe
+        point within ``checkpoint_timeout`` (default: the server's), in which case it runs on."""
         since = (await self.refresh()).info.last_seq
-        await self._action("preempt", reason)
+        await self._action("preempt", reason, **checkpoint_bound(checkpoint_timeout))
         if wait:
             await self._await_event(since, EventType.PREEMPTED, timeout)
         return self
 
     async def migrate(self, node: Optional[str] = None, reason: str = "", wait: bool = True,
-                      timeout: Optional[float] = None) -> "AsyncJob":
+                      timeout: Optional[float] = None, checkpoint_timeout: Optional[float] = None) -> "AsyncJob":
         """Move the running job to ``node`` (or wherever the scheduler finds room): checkpoint
         here, restore there. With ``wait``, returns once it runs again at its destination."""
         since = (await self.refresh()).info.last_seq
-        await self._action("migrate", reason, **({"node": node} if node else {}))
+        await self._action("migrate", reason, **({"node": node} if node else {}), **checkpoint_bound(checkpoint_timeout))
         if wait:
             await self._await_event(since, EventType.MIGRATED, timeout)
         return self
 
     async def resize(self, gpus: int, reason: str = "", wait: bool = True,
-               timeout: Optional[float] = None) -> "AsyncJob":
+                     timeout: Optional[float] = None, checkpoint_timeout: Optional[float] = None) -> "AsyncJob":
         """Run on ``gpus`` devices from now on, keeping the job's ranks (several ranks share a
         device when there are fewer devices than ranks); the code does not notice. With ``wait``,
         returns once the job runs again at its new size (a queued job changes size at once)."""
         since = (await self.refresh()).info.last_seq
-        await self._action("resize", reason, gpus=gpus)
+        await self._action("resize", reason, gpus=gpus, **checkpoint_bound(checkpoint_timeout))
         if wait and self.info.state.holds_devices:
             await self._await_event(since, EventType.RESIZED, timeout)
         return self

@@ -165,7 +165,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_preempt(args: argparse.Namespace) -> int:
     with _client(args) as c:  # the job's events are read through this client: print before it closes
-        job = c.get(args.job).preempt(args.reason or "", wait=not args.no_wait)
+        job = c.get(args.job).preempt(args.reason or "", wait=not args.no_wait,
+                                      checkpoint_timeout=args.checkpoint_timeout)
         last = _last_event(job, EventType.PREEMPTED)
         print(f"{job.id}: {job.state.value}" + (f" ({describe(last)})" if last else ""))
     return 0
@@ -195,11 +196,13 @@ def _last_event(job: Job, etype: EventType):
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    return _move(args, EventType.MIGRATED, lambda job, wait: job.migrate(args.to, args.reason or "", wait=wait))
+    return _move(args, EventType.MIGRATED, lambda job, wait: job.migrate(args.to, args.reason or "", wait=wait,
+                                                                    checkpoint_timeout=args.checkpoint_timeout))
 
 
 def cmd_resize(args: argparse.Namespace) -> int:
-    return _move(args, EventType.RESIZED, lambda job, wait: job.resize(args.gpus, args.reason or "", wait=wait))
+    return _move(args, EventType.RESIZED, lambda job, wait: job.resize(args.gpus, args.reason or "", wait=wait,
+                                                                   checkpoint_timeout=args.checkpoint_timeout))
 
 
 def _move(args: argparse.Namespace, done: EventType, request: Callable[[Job, bool], Job]) -> int:
@@ -346,6 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("job")
     s.add_argument("--reason", default=None)
     s.add_argument("--no-wait", action="store_true")
+    s.add_argument("--checkpoint-timeout", type=float, default=None, metavar="SECONDS",
+                   help="answer checkpoint_failed if no safe point is reached this soon (default: the server's)")
     s.set_defaults(fn=cmd_preempt)
 
     s = add("resume", help="queue a preempted job again; it continues where it stopped")
@@ -362,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--to", default=None, metavar="NODE", help="destination (default: the scheduler picks)")
     s.add_argument("--reason", default=None)
     s.add_argument("--no-wait", action="store_true")
+    s.add_argument("--checkpoint-timeout", type=float, default=None, metavar="SECONDS",
+                   help="answer checkpoint_failed if no safe point is reached this soon (default: the server's)")
     s.set_defaults(fn=cmd_migrate)
 
     s = add("resize", help="run a job on more or fewer devices, keeping its ranks (exact: the code cannot tell)")
@@ -369,6 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpus", type=int, required=True, help="devices from now on (a divisor of the job's ranks)")
     s.add_argument("--reason", default=None)
     s.add_argument("--no-wait", action="store_true")
+    s.add_argument("--checkpoint-timeout", type=float, default=None, metavar="SECONDS",
+                   help="answer checkpoint_failed if no safe point is reached this soon (default: the server's)")
     s.set_defaults(fn=cmd_resize)
 
     for name, helptext in (("drain", "admin: move every job off a node; it takes no new work"),

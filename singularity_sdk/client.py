@@ -10,7 +10,7 @@ import httpx
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase, control_done
+from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase, checkpoint_bound, control_done
 from . import metrics
 from .errors import WaitTimeout
 from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
@@ -100,7 +100,7 @@ class Job(JobBase):
         no safe point within ``checkpoint_timeout`` (default: the server's), in which case the
         job runs on."""
         since = (self.refresh()).info.last_seq
-        self._action("preempt", reason, **_bound(checkpoint_timeout))
+        self._action("preempt", reason, **checkpoint_bound(checkpoint_timeout))
         if wait:
             self._await_event(since, EventType.PREEMPTED, timeout)
         return self
@@ -110,7 +110,7 @@ class Job(JobBase):
         """Move the running job to ``node`` (or wherever the scheduler finds room): checkpoint
         here, restore there. With ``wait``, returns once it runs again at its destination."""
         since = (self.refresh()).info.last_seq
-        self._action("migrate", reason, **({"node": node} if node else {}), **_bound(checkpoint_timeout))
+        self._action("migrate", reason, **({"node": node} if node else {}), **checkpoint_bound(checkpoint_timeout))
         if wait:
             self._await_event(since, EventType.MIGRATED, timeout)
         return self
@@ -121,7 +121,7 @@ class Job(JobBase):
         device when there are fewer devices than ranks); the code does not notice. With ``wait``,
         returns once the job runs again at its new size (a queued job changes size at once)."""
         since = (self.refresh()).info.last_seq
-        self._action("resize", reason, gpus=gpus, **_bound(checkpoint_timeout))
+        self._action("resize", reason, gpus=gpus, **checkpoint_bound(checkpoint_timeout))
         if wait and self.info.state.holds_devices:
             self._await_event(since, EventType.RESIZED, timeout)
         return self
@@ -218,8 +218,3 @@ class Client(BaseClient):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _bound(checkpoint_timeout: Optional[float]) -> dict[str, float]:
-    """The request body's bound on reaching a safe point, when the caller set one."""
-    return {} if checkpoint_timeout is None else {"checkpoint_timeout": float(checkpoint_timeout)}

@@ -146,6 +146,7 @@ class Controller:
                      f"Safe points are at the top of the loops the engine instruments (see the job's "
                      f"'interruptible' event); the job runs on untouched",
             "variables": [], "timeout": True, "waited_s": round(waited, 3), "where": spot,
+            "bound_s": None if request.deadline is None else round(request.deadline - request.requested_at, 3),
             "then": request.then, "reason": request.reason, "stage": stage})
 
     def checkpoint_at_step(self, step: int, then: Then = "stop") -> None:

@@ -160,3 +160,34 @@ def test_a_request_the_ranks_agreed_on_too_late_is_not_acted_on(bounded, tmp_pat
         failed = _events(job, EventType.CHECKPOINT_FAILED)
         assert any(e.data.get("stage") == "agreement" for e in failed), [e.data for e in failed]
         assert not _events(job, EventType.CHECKPOINTED) and not _events(job, EventType.RESIZED)
+
+
+def test_a_request_sets_its_own_bound_from_the_cli_and_the_async_sdk(bounded):
+    """The server bounds moves at BOUND; `--checkpoint-timeout` / ``checkpoint_timeout=`` on one
+    request sets its own, which the failure event reports."""
+    import asyncio
+
+    from singularity_sdk import AsyncClient
+
+    with bounded.client() as client:
+        job = client.submit(source("stuck_then_loop.py"), filename="stuck_then_loop.py",
+                            env={"STUCK_S": "30", "STEPS": "5"}, name="own-bound")
+        wait_for_lines(job, 1)  # inside time.sleep
+        env = {**os.environ, "SINGULARITY_HOME": str(bounded.home)}
+        env.pop("SINGULARITY_URL", None)
+        env.pop("SINGULARITY_TOKEN", None)
+        cli = subprocess.run([sys.executable, "-m", "singularity_sdk.cli", "preempt", job.id,
+                              "--checkpoint-timeout", "1.5"], env=env, capture_output=True, text=True, timeout=120)
+        assert cli.returncode != 0 and "load_everything" in cli.stdout + cli.stderr, cli.stdout + cli.stderr
+        assert job.refresh().state == JobState.RUNNING
+
+        async def preempt_async() -> None:
+            async with AsyncClient(home=bounded.home) as aclient:
+                ajob = await aclient.get(job.id)
+                with pytest.raises(CheckpointFailed, match="load_everything"):
+                    await ajob.preempt(checkpoint_timeout=1.0, timeout=60)
+
+        asyncio.run(preempt_async())
+        bounds = [e.data["bound_s"] for e in _events(job, EventType.CHECKPOINT_FAILED) if "bound_s" in e.data]
+        assert bounds[-2:] == [1.5, 1.0], bounds
+        job.cancel()
