@@ -22,14 +22,19 @@ _MAGICS_KEY = "_singularity_magics"
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext jupyter_ext``: register the magics (imports stay light until then)."""
     from .magic import SingularityMagics
+    from .waiting import install
 
     magics = SingularityMagics(ipython)
     ipython.register_magics(magics)
     setattr(ipython, _MAGICS_KEY, magics)
+    install(ipython, f"get_ipython().{_MAGICS_KEY}")  # buttons act while a cell waits
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """Stop the background threads the magics started."""
+    from .waiting import uninstall
+
+    uninstall(ipython)
     magics = getattr(ipython, _MAGICS_KEY, None)
     if magics is not None:
         magics.close()

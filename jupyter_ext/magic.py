@@ -21,12 +21,37 @@ from singularity_sdk.errors import ConfigError, InvalidRequest, JobNotFound, Sin
 from singularity_sdk.protocol import JobState
 from singularity_sdk.render import job_row, table
 
+from singularity_sdk.metrics import Series
+
 from . import options as O
 from .actions import perform
+from .chart import sparkline
 from .follower import End, EventFollower
 from .results import outcome, pull, value_of
 from .text import TextPrinter
 from .variables import analyze, outputs_for, returnable, select_inputs
+
+
+class Watch:
+    """What a waiting cell drains: the follower's queue, printed by ``printer``."""
+
+    def __init__(self, printer: TextPrinter, follower: EventFollower, q: "queue.Queue", widget: Any,
+                 printed_metrics: bool = True):
+        self.printer = printer
+        self.follower = follower
+        self.queue = q
+        self.widget = widget
+        self.series = Series(rank=0, printed=printed_metrics)
+
+    def show(self, batch: list) -> None:
+        self.printer.show(batch)
+        if self.widget is None:
+            self.series.apply(batch)
+
+    @property
+    def curve(self) -> str:
+        """The training curve as a sparkline (the plain-text form of the widget's chart)."""
+        return sparkline(self.series)
 
 
 @magics_class
@@ -94,14 +119,25 @@ class SingularityMagics(Magics):
         its last expression is the cell's value. Remote output appears as it happens.
         Session defaults: %singularity_config. Other commands: %singularity?
         """
+        job, opts = self._start_cell(line, cell)
+        return self._follow(job, wait=opts.wait, pull_vars=opts.pull, on_interrupt=opts.on_interrupt,
+                            logs_open=not opts.wait)
+
+    async def cell_async(self, line: str, cell: str) -> Any:
+        """The cell magic as the kernel runs it where it can (``waiting.py``): the same job and
+        value, but the kernel handles the widget's buttons while the cell waits."""
+        job, opts = self._start_cell(line, cell)
+        return await self.follow_async(job, wait=opts.wait, pull_vars=opts.pull, on_interrupt=opts.on_interrupt,
+                                       logs_open=not opts.wait)
+
+    def _start_cell(self, line: str, cell: str) -> tuple[Job, O.CellOptions]:
         args = O.parse(self.singularity_cell, line)
         opts = O.cell_options(args, self.session)
         job = self._submit(cell, opts)
         self.last_job = job
         if opts.store_as:
             self.shell.user_ns[opts.store_as] = job
-        return self._follow(job, wait=opts.wait, pull_vars=opts.pull, on_interrupt=opts.on_interrupt,
-                            logs_open=not opts.wait)
+        return job, opts
 
     def _submit(self, cell: str, opts: O.CellOptions) -> Job:
         try:
@@ -131,6 +167,22 @@ class SingularityMagics(Magics):
     def _follow(self, job: Job, *, wait: bool, pull_vars: bool, on_interrupt: str, logs_open: bool,
                 since: int = 0) -> Any:
         """Show the job (widget or text); with ``wait``, print its output until it ends."""
+        watch = self._show(job, wait=wait, logs_open=logs_open, since=since)
+        if watch is None:
+            return job
+        return self._finish(job, watch, self._drain(job, watch, on_interrupt), pull_vars)
+
+    async def follow_async(self, job: Job, *, wait: bool, pull_vars: bool, on_interrupt: str, logs_open: bool,
+                           since: int = 0) -> Any:
+        """``_follow`` for a cell the kernel runs as a coroutine (``waiting.py``): while it waits
+        the kernel's event loop runs, so the widget's buttons act during the cell."""
+        watch = self._show(job, wait=wait, logs_open=logs_open, since=since)
+        if watch is None:
+            return job
+        return self._finish(job, watch, await self._drain_async(job, watch, on_interrupt), pull_vars)
+
+    def _show(self, job: Job, *, wait: bool, logs_open: bool, since: int) -> Optional[Watch]:
+        """Display the widget (or say how to follow the job); for ``wait``, what to drain."""
         client = self.client()
         widgets = self.use_widgets()
         printer = TextPrinter(job.id, job.info.ranks, events=not widgets)
@@ -139,7 +191,8 @@ class SingularityMagics(Magics):
         if widgets:
             from .widgets import JobWidget
 
-            widget = JobWidget(client, job.info, logs_open=logs_open).follow(follower)
+            widget = JobWidget(client, job.info, logs_open=logs_open,
+                               printed_metrics=self.session.print_metrics == "on").follow(follower)
             self.followers.setdefault(job.id, []).append(follower)
             self.widgets[job.id] = widget
         elif not wait:
@@ -149,19 +202,25 @@ class SingularityMagics(Magics):
             if widget is not None:
                 follower.start()
                 display(widget)
-            return job
+            return None
         q = follower.subscribe()
         follower.start()
         if widget is not None:
             display(widget)
-        end = self._drain(job, q, follower, printer, on_interrupt, detachable=widget is not None)
+        return Watch(printer, follower, q, widget, printed_metrics=self.session.print_metrics == "on")
+
+    def _finish(self, job: Job, watch: Watch, end: Optional[End], pull_vars: bool) -> Any:
+        """The job ended (or the cell detached: ``end`` None): its value, variables, or error."""
+        printer, follower, widget = watch.printer, watch.follower, watch.widget
         if end is None:  # detached
             return None
-        follower.unsubscribe(q)
+        follower.unsubscribe(watch.queue)
         if end.error and not follower.finished:
             printer.finish(failed=False)
             raise UsageError(f"lost track of job {job.id}: {end.error}")
         printer.finish(failed=job.refresh().state == JobState.FAILED)
+        if widget is None and watch.curve:
+            printer.note(f"job {job.id}: {watch.curve}")
         payload = outcome(job)  # raises with the remote traceback on failure
         notes: list[str] = []
         if pull_vars:
@@ -174,25 +233,49 @@ class SingularityMagics(Magics):
             print(f"[singularity] {note}", file=sys.stderr)
         return value
 
-    def _drain(self, job: Job, q: "queue.Queue", follower: EventFollower, printer: TextPrinter,
-               on_interrupt: str, detachable: bool) -> Optional[End]:
+    def _drain(self, job: Job, watch: Watch, on_interrupt: str) -> Optional[End]:
         """Print batches until the follower ends; on Ctrl-C apply ``on_interrupt``, return None."""
         try:
             while True:
                 try:
-                    item = q.get(timeout=0.25)
+                    item = watch.queue.get(timeout=0.25)
                 except queue.Empty:
                     continue
                 if isinstance(item, End):
                     return item
-                printer.show(item)
+                watch.show(item)
         except KeyboardInterrupt:
-            follower.unsubscribe(q)
-            if not detachable:
-                follower.stop()
-            printer.finish(failed=False)
-            self._interrupted(job, on_interrupt, printer)
+            self._detach(job, watch, on_interrupt)
             return None
+
+    async def _drain_async(self, job: Job, watch: Watch, on_interrupt: str) -> Optional[End]:
+        """``_drain`` that yields to the kernel's loop between batches; the kernel turns Ctrl-C
+        into cancelling the cell's task, which ends up here as ``CancelledError``."""
+        import asyncio
+
+        try:
+            while True:
+                try:
+                    item = watch.queue.get_nowait()
+                except queue.Empty:
+                    await asyncio.sleep(0.05)
+                    continue
+                if isinstance(item, End):
+                    return item
+                watch.show(item)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            task = asyncio.current_task()
+            if task is not None and hasattr(task, "uncancel"):
+                task.uncancel()  # handled: the cell ends normally, as after Ctrl-C in a plain cell
+            self._detach(job, watch, on_interrupt)
+            return None
+
+    def _detach(self, job: Job, watch: Watch, on_interrupt: str) -> None:
+        watch.follower.unsubscribe(watch.queue)
+        if watch.widget is None:
+            watch.follower.stop()
+        watch.printer.finish(failed=False)
+        self._interrupted(job, on_interrupt, watch.printer)
 
     def _interrupted(self, job: Job, on_interrupt: str, printer: TextPrinter) -> None:
         if on_interrupt == "detach":
@@ -314,6 +397,8 @@ class SingularityMagics(Magics):
     @argument("--pull-limit-mb", type=O.positive_float, default=None,
               help=f"largest pickled size of the variables brought back (default {O.DEFAULT_PULL_LIMIT_MB:g})")
     @argument("--widgets", choices=O.WIDGET_CHOICES, default=None, help="auto: widgets in a kernel, text elsewhere")
+    @argument("--print-metrics", choices=O.ON_OFF, default=None,
+              help="chart loss-like values the job prints (name=value, name: value); default on")
     @argument("--url", default=None, help="server URL (default: SINGULARITY_URL, else $SINGULARITY_HOME/server.json)")
     @argument("--token", default=None)
     @argument("--home", default=None, help="a SINGULARITY_HOME whose server.json to use")

@@ -21,6 +21,7 @@ from singularity_sdk.protocol import SLA
 SLA_CHOICES = tuple(s.value for s in SLA)
 INTERRUPT_CHOICES = ("detach", "cancel", "preempt")
 WIDGET_CHOICES = ("auto", "on", "off")
+ON_OFF = ("on", "off")
 #: Default cap on the pickled size of the variables pulled back into the notebook.
 DEFAULT_PULL_LIMIT_MB = 256.0
 
@@ -62,6 +63,8 @@ class SessionConfig:
     on_interrupt: str = "detach"
     pull_limit_mb: float = DEFAULT_PULL_LIMIT_MB
     widgets: str = "auto"
+    #: chart the loss-like values the job prints (singularity_sdk.metrics has the grammar)
+    print_metrics: str = "on"
     url: Optional[str] = None
     token: Optional[str] = field(default=None, repr=False)
     home: Optional[str] = None

@@ -18,6 +18,7 @@ from singularity_sdk import Client
 from singularity_sdk.protocol import EventType, JobInfo, JobState
 
 from .actions import perform
+from .chart import svg
 from .follower import EventFollower
 from .view import JobView
 
@@ -62,9 +63,10 @@ def badge(state: JobState) -> str:
 class JobWidget(W.VBox):
     """One job, live. ``follow(follower)`` wires it to an event stream."""
 
-    def __init__(self, client: Client, info: JobInfo, *, logs_open: bool = False, view: Optional[JobView] = None):
+    def __init__(self, client: Client, info: JobInfo, *, logs_open: bool = False, view: Optional[JobView] = None,
+                 printed_metrics: bool = True):
         self.client = client
-        self.view = view or JobView(info)
+        self.view = view or JobView(info, printed_metrics=printed_metrics)
         self.follower: Optional[EventFollower] = None
         self._lock = threading.RLock()
         self.header = W.HTML()
@@ -72,6 +74,7 @@ class JobWidget(W.VBox):
         self.progress = W.HTML()
         self.message = W.HTML()
         self.timeline = W.HTML()
+        self.chart = W.HTML()
         self.logs = W.HTML()
         self.buttons = {
             "preempt": W.Button(description="Preempt", icon="pause", tooltip="checkpoint at the next safe point and free the devices"),
@@ -90,10 +93,11 @@ class JobWidget(W.VBox):
                            self.buttons["resize"], self.resize_to, self.buttons["cancel"]],
                           layout=W.Layout(flex_flow="row wrap"))
         self.log_box = W.Accordion(children=[self.logs], titles=("Logs",), selected_index=0 if logs_open else None)
-        super().__init__([self.header, self.placement, self.progress, controls, self.message, self.timeline,
-                          self.log_box], layout=W.Layout(border="1px solid #d1d5db", padding="6px"))
+        super().__init__([self.header, self.placement, self.progress, controls, self.message, self.chart,
+                          self.timeline, self.log_box], layout=W.Layout(border="1px solid #d1d5db", padding="6px"))
         self.add_class("singularity-job")
         self.timeline.add_class("singularity-timeline")
+        self.chart.add_class("singularity-chart")
         self._load_nodes()
         self.render()
 
@@ -167,6 +171,9 @@ class JobWidget(W.VBox):
         self.migrate_to.disabled = self.buttons["migrate"].disabled
         self.resize_to.disabled = self.buttons["resize"].disabled
         self.timeline.value = self._timeline_html()
+        chart = svg(v.metrics)
+        if chart != self.chart.value:
+            self.chart.value = chart
         lines = list(v.logs)[-LOG_ROWS:]
         more = f"... {v.log_lines - len(lines)} earlier line(s)\n" if v.log_lines > len(lines) else ""
         self.logs.value = ('<pre style="max-height:300px;overflow:auto;margin:0;font-size:12px">'
