@@ -279,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoint store for nodes that share no filesystem (fsspec URL); local agents "
                         "then keep separate caches")
     s.add_argument("--checkpoint-every", type=float, default=None, metavar="SECONDS",
-                   help="cluster default for periodic checkpoints")
+                   help="cluster default for periodic checkpoints (default 600; 0 turns them off)")
     s.add_argument("--checkpoint-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a preempt, migrate or resize that finds no safe point this long is answered "
                         "checkpoint_failed (saying where the job is) and the job runs on")

@@ -228,6 +228,10 @@ def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node
         checkpoint_timeout: float = ServiceConfig.checkpoint_timeout_s, tls_cert: Optional[str] = None,
         tls_key: Optional[str] = None, ca: Optional[str] = None) -> None:
     home = Path(home) if home else default_home()
+    if checkpoint_every is None:  # not given: the cluster default; 0 turns periodic checkpoints off
+        checkpoint_every = ServiceConfig.checkpoint_every
+    elif checkpoint_every <= 0:
+        checkpoint_every = None
     logging.basicConfig(level=os.environ.get("SINGULARITY_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ServiceConfig(checkpoint_every=checkpoint_every, node_timeout_s=node_timeout, policy=policy,

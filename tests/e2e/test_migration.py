@@ -84,6 +84,8 @@ def test_killed_worker_and_killed_agent_jobs_finish_exactly_once(tmp_path):
         assert any(e.type == EventType.RETRYING for e in events)
         after = [e.data["line"] for e in events if e.seq > _last(events, EventType.RESUMED) and e.type == EventType.LOG]
         assert after and after == expected_lines[-len(after):]
+        periodic = [e.data for e in events if e.type == EventType.CHECKPOINTED]
+        assert periodic and all(d.get("background") for d in periodic), "written behind the loop"
 
         # 2. kill -9 the agent of the node the job runs on: node lost, job resumes on the other node.
         job = client.submit(code, name="agent-killed")
