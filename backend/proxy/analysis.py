@@ -7,7 +7,8 @@ unpicklable variable can be rebuilt by re-running the one statement that created
 from __future__ import annotations
 
 import ast
-from typing import Iterable
+import builtins
+from typing import Iterable, Iterator, Optional
 
 class _Binder(ast.NodeVisitor):
     """Collects the names a statement binds in the scope it runs in."""
@@ -113,3 +114,156 @@ def is_simple_binding(stmt: ast.stmt) -> bool:
     if isinstance(stmt, ast.AnnAssign):
         return stmt.value is not None and not has_dynamic_parts(stmt.value)
     return isinstance(stmt, (ast.Import, ast.ImportFrom))
+
+
+# --------------------------------------------------------------------------- functions of the program
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef,
+           ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+#: nested scopes that outlive the statement creating them (a comprehension runs at once)
+_CLOSURES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.GeneratorExp)
+#: decorators whose function must keep its own bytecode (they compile or trace it)
+_COMPILERS = ("compile", "jit", "script", "trace")
+
+
+def own_scope(fdef: ast.AST) -> Iterator[ast.AST]:
+    """Every node of a function's body that runs in its own scope (nested scopes excluded)."""
+    stack = list(reversed(getattr(fdef, "body", [])))
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, _SCOPES):
+            continue
+        stack.extend(reversed(list(ast.iter_child_nodes(node))))
+
+
+def parameters(fdef: ast.FunctionDef) -> list[str]:
+    a = fdef.args
+    return [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs + [v for v in (a.vararg, a.kwarg) if v]]
+
+
+def function_locals(fdef: ast.FunctionDef) -> list[str]:
+    """The names a function binds in its own frame (parameters first), not global/nonlocal ones."""
+    declared = {n for node in own_scope(fdef) if isinstance(node, (ast.Global, ast.Nonlocal)) for n in node.names}
+    names = list(dict.fromkeys(parameters(fdef) + sorted(bound_names(fdef.body))))
+    return [n for n in names if n not in declared]
+
+
+def _binding_counts(fdef: ast.FunctionDef) -> dict[str, int]:
+    """How often each name is bound in the function's own scope; a binding inside a loop counts twice."""
+    counts: dict[str, int] = {p: 1 for p in parameters(fdef)}
+
+    def bind(name: str, weight: int) -> None:
+        counts[name] = counts.get(name, 0) + weight
+
+    def visit(node: ast.AST, weight: int) -> None:
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bind(node.id, weight)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bind(node.name, weight)
+            return
+        elif isinstance(node, _SCOPES):
+            for sub in ast.walk(node):  # only := leaks out of a comprehension
+                if isinstance(sub, ast.NamedExpr) and isinstance(sub.target, ast.Name):
+                    bind(sub.target.id, 2)
+            return
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                bind(alias.asname or alias.name.split(".")[0], weight)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bind(node.name, weight)
+        inner = 2 if isinstance(node, (ast.For, ast.While, ast.AsyncFor)) else weight
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    for stmt in fdef.body:
+        visit(stmt, 1)
+    return counts
+
+
+def not_rewritable(fdef: ast.AST) -> str:
+    """Why a function must run unchanged (no safe points inside it), or '' when it can be rewritten.
+
+    Generators and coroutines suspend with their loops half done, compilers read the function's
+    own bytecode, and a frame whose closures share a variable it rebinds cannot be rebuilt: a
+    restored frame gets new cells, its restored closures keep theirs.
+    """
+    if not isinstance(fdef, ast.FunctionDef):
+        return "async functions run unchanged"
+    if any(isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)) for n in own_scope(fdef)):
+        return "generator functions run unchanged"
+    for deco in fdef.decorator_list:
+        text = ast.unparse(deco)
+        if any(word in text for word in _COMPILERS):
+            return f"decorated with @{text}, which compiles or traces its bytecode"
+    counts = _binding_counts(fdef)
+    nested = [n for n in own_scope(fdef) if isinstance(n, _CLOSURES)]
+    for scope in nested:
+        for n in ast.walk(scope):
+            if isinstance(n, ast.Nonlocal):
+                return f"a nested function rebinds `nonlocal {', '.join(n.names)}`"
+        captured = {n.id for n in ast.walk(scope) if isinstance(n, ast.Name)} & set(counts)
+        shared = sorted(name for name in captured if counts[name] > 1)
+        if shared:
+            return f"a closure shares {', '.join(shared)}, which the function rebinds"
+    return ""
+
+
+def library_roots(tree: ast.AST) -> set[str]:
+    """Names that can only mean library code: bound by imports alone, or builtins never rebound."""
+    imported: set[str] = set()
+    other: set[str] = set()
+    star = False
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    star = True
+                else:
+                    imported.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            other.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            other.add(node.name)
+        elif isinstance(node, ast.arg):
+            other.add(node.arg)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            other.update(node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            other.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            other.add(node.name)
+    roots = imported - other
+    if not star:
+        roots |= set(dir(builtins)) - other - imported
+    return roots
+
+
+def _private(name: str) -> bool:
+    return name.startswith("__") and not name.endswith("__")
+
+
+def callee_root(func: ast.expr) -> Optional[str]:
+    """The root name of ``a.b.c`` (or ``a``), when a call's callee is such a chain without mangled names."""
+    while isinstance(func, ast.Attribute):
+        if _private(func.attr):
+            return None
+        func = func.value
+    if isinstance(func, ast.Name) and not _private(func.id):
+        return func.id
+    return None
+
+
+def is_pure(e: ast.expr, unstable: set[str] | frozenset[str]) -> bool:
+    """An expression that evaluates again to the same objects, with no side effects, after a call
+    in the same statement returned (so a restore may evaluate it a second time)."""
+    if isinstance(e, ast.Constant):
+        return True
+    if isinstance(e, ast.Name):
+        return e.id not in unstable
+    if isinstance(e, ast.Starred):
+        return is_pure(e.value, unstable)
+    if isinstance(e, ast.FormattedValue):
+        return is_pure(e.value, unstable) and (e.format_spec is None or is_pure(e.format_spec, unstable))
+    if isinstance(e, ast.JoinedStr):
+        return all(is_pure(v, unstable) for v in e.values)
+    return False

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from . import context, training_state
 from .errors import CheckpointError
-from .rewrite import PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
-from .runtime import Runtime
+from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
+from .runtime import Runtime, install_dormant
 from .state import _extract_code_globals, load_graph, rebuild_variables
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,6 +70,10 @@ class ResumableProgram:
         self.kwargs = dict(kwargs or {})
         #: why a callable runs without safe points ("" when it has them)
         self.fallback_reason = fallback_reason
+        #: the code of the top-level frame (function id 0): the module, or the callable's function
+        self._root_code = code if kind == "source" else next(
+            (c for c in (code.co_consts if code is not None else ()) if isinstance(c, types.CodeType)), None)
+        self._fids: dict[types.CodeType, Optional[int]] = {}
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -167,6 +171,33 @@ class ResumableProgram:
         return self._rewritten.local_names if self._rewritten else ()
 
     @property
+    def defs(self) -> dict:
+        return self._rewritten.defs if self._rewritten else {}
+
+    @property
+    def call_spans(self) -> dict:
+        return self._rewritten.call_spans if self._rewritten else {}
+
+    def fid_of(self, code: types.CodeType) -> Optional[int]:
+        """The function id of a frame's code: 0 for the top level, that of a rewritten function of
+        this program (a code object unpickled from a checkpoint included), else None."""
+        if code is self._root_code:
+            return 0
+        try:
+            return self._fids[code]
+        except KeyError:
+            pass
+        fid = None
+        for c in code.co_consts:
+            if type(c) is str and c.startswith(MARKER):
+                fid = int(c[len(MARKER):])
+                break
+        if fid is not None and fid not in self.defs:
+            fid = None
+        self._fids[code] = fid
+        return fid
+
+    @property
     def has_safe_points(self) -> bool:
         return bool(self._rewritten and self._rewritten.has_safe_points)
 
@@ -178,6 +209,7 @@ class ResumableProgram:
         `Preempted` after a ``then='stop'`` checkpoint; user exceptions propagate unchanged.
         """
         namespace.setdefault("__name__", "__main__")
+        install_dormant()
         training_state.install()  # DataLoader iterators made from now on can be checkpointed
         rt = Runtime(self, namespace, controller)
         if self.kind == "callable":

@@ -32,11 +32,17 @@ import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .analysis import bound_names, declared_global, has_dynamic_parts, is_simple_binding, loaded_names
+from .analysis import (bound_names, callee_root, declared_global, function_locals, has_dynamic_parts, is_pure,
+                       is_simple_binding, library_roots, loaded_names, not_rewritable, parameters)
 
-RT = "__sg_rt"
+#: the runtime's name in generated code; it ends in ``__`` so that methods do not mangle it
+RT = "__sg_rt__"
 PREFIX = "__sg_"
-REWRITE_VERSION = 1
+REWRITE_VERSION = 2
+#: a constant in each rewritten function's code naming its function id (see `DefInfo`)
+MARKER = "\x00sg-def:"
+#: statements whose value may be a call a restore re-enters
+_CALL_STATEMENTS = (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return)
 _SPECIAL = ("enumerate", "zip", "iter")
 
 
@@ -54,11 +60,25 @@ class NodeInfo:
     """A tracked statement or boundary, identified by a stable id in pre-order."""
 
     id: int
-    kind: str  # for | while | if | with | try | boundary
+    kind: str  # for | while | if | with | try | boundary | call
     line: int
     top_index: int
     with_targets: tuple[str, ...] = ()
     leaves: tuple[LeafInfo, ...] = ()
+    #: the function (`DefInfo.id`) whose body holds the statement; 0 is the top level
+    func: int = 0
+    #: for a call: the callee expression's source (``self.fit``), evaluated to check a frame's callee
+    callee: str = ""
+
+
+@dataclass(frozen=True)
+class DefInfo:
+    """A function of the submitted code whose body was rewritten (loops are safe points inside it)."""
+
+    id: int
+    name: str
+    line: int
+    local_names: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -80,6 +100,11 @@ class Rewritten:
     has_safe_points: bool
     returns_last_expr: bool = False
     local_names: tuple[str, ...] = field(default_factory=tuple)
+    #: rewritten functions by id, and why the others run unchanged (line -> reason)
+    defs: dict[int, DefInfo] = field(default_factory=dict)
+    unchanged_defs: dict[int, str] = field(default_factory=dict)
+    #: per function id: the source span ``(line, end line, col, end col)`` of each call site -> its node id
+    call_spans: dict[int, dict[tuple, int]] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- node helpers
@@ -134,19 +159,175 @@ def _statement_infos(body: list[ast.stmt]) -> list[StmtInfo]:
     return infos
 
 
+def _prologue(fid: int, local_names: list[str], params: set[str]) -> list[ast.stmt]:
+    """``__sg_P = None; if R: __sg_P = rt.arrive(marker); if __sg_P is None: <load saved locals>``.
+
+    `Runtime.arrive` answers None when a restore re-enters this very call (its saved locals are
+    then loaded, arguments included), else it pauses the restore for the duration of this call
+    (a ``with`` header or a re-created iterator calling a function) and returns the token that
+    the function's ``finally`` hands back to `Runtime.resume`.
+    """
+    token = f"{PREFIX}P"
+    loads: list[ast.stmt] = [ast.Assign(targets=[_name(f"{PREFIX}L", store=True)], value=_rt_call("frame_locals"))]
+    for name in local_names:
+        saved = ast.Subscript(value=_name(f"{PREFIX}L"), slice=_const(name), ctx=ast.Load())
+        test = ast.Compare(left=_const(name), ops=[ast.In()], comparators=[_name(f"{PREFIX}L")])
+        orelse: list[ast.stmt] = [ast.Delete(targets=[ast.Name(id=name, ctx=ast.Del())])] if name in params else []
+        loads.append(ast.If(test=test, body=[ast.Assign(targets=[_name(name, store=True)], value=saved)],
+                            orelse=orelse))
+    arrive = ast.Assign(targets=[_name(token, store=True)], value=_rt_call("arrive", _const(f"{MARKER}{fid}")))
+    on_restore = [arrive, ast.If(test=ast.Compare(left=_name(token), ops=[ast.Is()], comparators=[_const(None)]),
+                                 body=loads, orelse=[])]
+    return [ast.Assign(targets=[_name(token, store=True)], value=_const(None)),
+            ast.If(test=_restoring(), body=on_restore, orelse=[])]
+
+
 # --------------------------------------------------------------------------- the rewriter
 class _Rewriter:
-    def __init__(self, unstable: set[str]) -> None:
+    def __init__(self, unstable: set[str], library: Optional[set[str]] = None) -> None:
         self.unstable = unstable
+        #: names that only mean library code; None: no call sites (a submitted callable's body)
+        self.library = library
         self.nodes: dict[int, NodeInfo] = {}
+        self.defs: dict[int, DefInfo] = {}
+        self.unchanged_defs: dict[int, str] = {}
+        self.call_spans: dict[int, dict[tuple, int]] = {}
         self.top_index = 0
+        self.func = 0
         self._tracked: dict[int, bool] = {}
+        self._calls: dict[int, list[ast.Call]] = {}
         self._with_names: list[set[str]] = []  # `as` targets of the enclosing tracked with statements
 
-    def _new(self, kind: str, stmt: ast.stmt, **extra: object) -> NodeInfo:
-        info = NodeInfo(len(self.nodes), kind, stmt.lineno, self.top_index, **extra)  # type: ignore[arg-type]
+    def _new(self, kind: str, stmt: ast.AST, **extra: object) -> NodeInfo:
+        info = NodeInfo(len(self.nodes), kind, stmt.lineno, self.top_index, func=self.func,  # type: ignore[arg-type]
+                        **extra)  # type: ignore[arg-type]
         self.nodes[info.id] = info
         return info
+
+    # functions -------------------------------------------------------------
+    def functions(self, tree: ast.AST) -> None:
+        """Rewrite, in place, the body of every function the submitted code defines (at any depth)."""
+        rewriter = self
+
+        class Defs(ast.NodeTransformer):
+            def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+                reason = not_rewritable(node)
+                if reason:
+                    rewriter.unchanged_defs[node.lineno] = reason
+                    return node
+                self.generic_visit(node)  # nested functions first
+                rewriter.function(node)
+                return node
+
+            def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.AST:
+                rewriter.unchanged_defs[node.lineno] = not_rewritable(node)
+                return node
+
+        Defs().visit(tree)
+
+    def function(self, fdef: ast.FunctionDef) -> None:
+        """Rewrite one function's body like the top level, behind a prologue that restores its locals."""
+        if not self.any_tracked(fdef.body):
+            return  # no loop and no call that can lead to one: runs unchanged, at no cost
+        fid = len(self.defs) + 1
+        local_names = function_locals(fdef)
+        self.defs[fid] = DefInfo(fid, fdef.name, fdef.lineno, tuple(local_names))
+        saved = self.func, self.top_index, self._with_names
+        self.func, self.top_index, self._with_names = fid, -1, []
+        try:
+            body = list(fdef.body)
+            head = 1 if body and _is_docstring(body[0]) and len(body) > 1 else 0
+            rest = self.block(body[head:])
+        finally:
+            self.func, self.top_index, self._with_names = saved
+        prologue = _prologue(fid, local_names, set(parameters(fdef)))
+        token = _name(f"{PREFIX}P")
+        resume = ast.If(test=ast.Compare(left=token, ops=[ast.IsNot()], comparators=[_const(None)]),
+                        body=[ast.Expr(value=_rt_call("resume", _name(f"{PREFIX}P")))], orelse=[])
+        new = body[:head] + prologue + [_try_finally(rest, [resume])]
+        first = body[head] if len(body) > head else body[0]
+        for n in new[head:]:
+            _fill_locations(n, first)
+        fdef.body = new
+
+    # call sites ------------------------------------------------------------
+    def calls(self, s: ast.stmt) -> list[ast.Call]:
+        """The calls of statement ``s`` a restore can re-enter, in evaluation order.
+
+        The statement's own value (``f(x)``, ``y = f(x)``, ``return f(x)``...) when its callee is
+        a plain name or attribute chain that is not a library name; and calls in the arguments of
+        such a call or an f-string, when everything evaluated before them is `is_pure` (a restore
+        evaluates those again, but not the arguments of the call it re-enters).
+        """
+        key = id(s)
+        if key in self._calls:
+            return self._calls[key]
+        found: list[ast.Call] = []
+        value: Optional[ast.expr] = None
+        if self.library is not None and isinstance(s, _CALL_STATEMENTS):
+            value = getattr(s, "value", None)
+            if isinstance(s, ast.AugAssign) and not (isinstance(s.target, ast.Name)
+                                                    and s.target.id not in self.unstable):
+                value = None
+        if value is not None:
+            self._path_calls(value, found)
+        self._calls[key] = found
+        return found
+
+    def _path_calls(self, e: ast.expr, out: list[ast.Call]) -> None:
+        assert self.library is not None
+        parts: list[ast.expr]
+        if isinstance(e, ast.Call):
+            root = callee_root(e.func)
+            if root is None:
+                return
+            if root not in self.library:
+                out.append(e)
+            through = isinstance(e.func, ast.Name) or (
+                isinstance(e.func, ast.Attribute) and isinstance(e.func.value, ast.Name))
+            if not through or root in self.unstable:
+                return
+            parts = list(e.args) + [k.value for k in e.keywords]
+        elif isinstance(e, ast.JoinedStr):
+            parts = list(e.values)
+        elif isinstance(e, ast.FormattedValue):
+            parts = [e.value]
+        else:
+            return
+        for part in parts:
+            if is_pure(part, self.unstable):
+                continue
+            self._path_calls(part, out)
+            break  # what follows an impure part runs after it: never re-entered
+
+    def _call_statement(self, s: ast.stmt) -> tuple[ast.expr, list[ast.stmt]]:
+        """Give each re-enterable call of ``s`` an id; returns the statement's guard and itself."""
+        calls = {id(c): c for c in self.calls(s)}
+        ids: list[int] = []
+        rewriter = self
+
+        class Sites(ast.NodeTransformer):
+            def visit_Call(self, node: ast.Call) -> ast.AST:
+                self.generic_visit(node)
+                if id(node) not in calls:
+                    return node
+                original = calls[id(node)]
+                info = rewriter._new("call", original, callee=ast.unparse(original.func))
+                span = (original.lineno, original.end_lineno, original.col_offset, original.end_col_offset)
+                rewriter.call_spans.setdefault(rewriter.func, {})[span] = info.id
+                ids.append(info.id)
+                new = ast.IfExp(
+                    test=ast.BoolOp(op=ast.And(), values=[_restoring(), _rt_call("go", _const(info.id))]),
+                    body=_rt_call("reenter", _const(info.id), copy.deepcopy(original.func)),
+                    orelse=node)
+                _fill_locations(new, original)
+                return new
+
+        new_stmt = Sites().visit(s)
+        ids.sort()
+        test = _rt_call("go", _const(ids[0])) if len(ids) == 1 else \
+            _rt_call("go_any", ast.Tuple(elts=[_const(i) for i in ids], ctx=ast.Load()))
+        return test, [new_stmt]
 
     # which statements hold a safe point -----------------------------------
     def tracked(self, s: ast.stmt) -> bool:
@@ -159,7 +340,7 @@ class _Rewriter:
             elif isinstance(s, (ast.With, ast.Try)):
                 result = self.any_tracked(s.body)
             else:
-                result = False
+                result = bool(self.calls(s))
             self._tracked[key] = result
         return self._tracked[key]
 
@@ -187,10 +368,14 @@ class _Rewriter:
                     out.append(self._boundary(s))
             if self.tracked(s):
                 flush()
-                nid, new = self._transform(s)
+                if isinstance(s, (ast.For, ast.While, ast.If, ast.With, ast.Try)):
+                    nid, new = self._transform(s)
+                    test: ast.expr = _rt_call("go", _const(nid))
+                else:
+                    test, new = self._call_statement(s)
                 guard = ast.If(
                     test=ast.BoolOp(op=ast.Or(), values=[
-                        ast.UnaryOp(op=ast.Not(), operand=_restoring()), _rt_call("go", _const(nid))]),
+                        ast.UnaryOp(op=ast.Not(), operand=_restoring()), test]),
                     body=new, orelse=[])
                 _fill_locations(guard, s)
                 out.append(guard)
@@ -373,11 +558,13 @@ def rewrite_module(source: str, filename: str) -> Rewritten:
         last = body[-1]
         assert isinstance(last, ast.Expr)
         body[-1] = ast.copy_location(ast.Expr(value=_rt_call("set_result", last.value)), last)
-    rw = _Rewriter(unstable)
+    rw = _Rewriter(unstable, library_roots(tree) | {RT})
+    rw.functions(tree)
     new_body = body[:head] + rw.block(body[head:], top_base=head)
     new_tree = ast.Module(body=new_body, type_ignores=[])
     ast.fix_missing_locations(new_tree)
-    return Rewritten(new_tree, rw.nodes, statements, frozenset(unstable), bool(rw.nodes), returns_last)
+    return Rewritten(new_tree, rw.nodes, statements, frozenset(unstable), bool(rw.nodes), returns_last,
+                     defs=rw.defs, unchanged_defs=rw.unchanged_defs, call_spans=rw.call_spans)
 
 
 def rewrite_function(fdef: ast.FunctionDef, local_names: list[str], params: list[str],

@@ -12,14 +12,20 @@ are skipped while ``restoring`` is true, tracked statements on the path consume 
 """
 from __future__ import annotations
 
+import builtins
 import io
+import os
 import sys
+import threading
 import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
-from . import background, iterators, rng
+from . import background, frames, iterators, rng
 from .errors import CheckpointError, CheckpointFailure, Preempted
+from .rewrite import RT
+
+_get_ident = threading.get_ident
 
 if TYPE_CHECKING:  # pragma: no cover
     from .controller import Controller, _Request
@@ -139,8 +145,23 @@ class BlockFrame:
         return False
 
 
+class _NoStack(list):
+    """The stack of the `dormant` runtime: nothing is ever recorded."""
+
+    def append(self, item: Any) -> None:
+        pass
+
+
+class _Idle:
+    flag = False
+
+
 class Runtime:
-    """Per-run state shared by the rewritten code (as ``__sg_rt``) and the checkpoint writer."""
+    """Per-run state shared by the rewritten code (as ``__sg_rt__``) and the checkpoint writer.
+
+    Only the thread that runs the program records loops; rewritten functions that run in other
+    threads (or after the run ended) use the `dormant` runtime: no safe points, no bookkeeping.
+    """
 
     Preempted = Preempted
 
@@ -153,6 +174,13 @@ class Runtime:
         self.preempting = False
         self.preempted_exc: Optional[Preempted] = None
         self.stack: list[Any] = []  # ForFrame | WhileFrame | IfFrame | BlockFrame
+        self._thread = _get_ident()
+        self._pid = os.getpid()
+        #: the user frames of the safe point being checkpointed (`frames.user_chain`)
+        self.chain: Optional[list[frames.UserFrame]] = None
+        self._arriving: Optional[dict] = None  # the call record a restore is re-entering
+        self._frame_locals: dict = {}
+        self._paused = 0  # calls made during a restore that run as plain code
         self.result: Any = None
         self.fn_frame: Any = None
         self.fn_globals: Optional[dict] = None
@@ -201,8 +229,50 @@ class Runtime:
     def go(self, node: int) -> bool:
         return self._path[self._depth]["node"] == node
 
+    def go_any(self, nodes: tuple) -> bool:
+        return self._path[self._depth]["node"] in nodes
+
     def restored_locals(self) -> dict:
         return self._restored_locals or {}
+
+    # ------------------------------------------------------------------ re-entering user functions
+    def reenter(self, node: int, fn: Any) -> Any:
+        """Call the function a checkpointed frame was running, as the call site ``node`` did, but
+        with placeholder arguments: its prologue (`arrive`) loads the saved locals instead."""
+        rec, _ = self._take(node)
+        func, bound = frames.function_of(fn)
+        if func is None or self.program.fid_of(func.__code__) != rec["function"]:
+            raise CheckpointError(
+                f"restore re-entered the call at line {rec['line']}, but it now calls {fn!r}, not the "
+                f"function {self.program.defs[rec['function']].name}() the checkpoint was taken in")
+        code = func.__code__
+        positional = [None] * (code.co_argcount - len(bound))
+        keywords = {k: None for k in code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]}
+        self._arriving = rec
+        return func(*bound, *positional, **keywords)
+
+    def arrive(self, marker: str) -> Any:
+        """Prologue of a rewritten function called while ``restoring``: None for the call a restore
+        re-enters (its locals are loaded next); for any other call (a ``with`` header, an iterator
+        re-created on restore) the restore pauses until it returns, and a token is returned."""
+        rec = self._arriving
+        if rec is not None:
+            self._arriving = None
+            self._frame_locals = rec["locals"]
+            self._saved_scope = rec["locals"]
+            return None
+        self.restoring = False
+        self._paused += 1
+        return self.step
+
+    def resume(self, token: int) -> None:
+        """End of a call `arrive` paused the restore for: it continues where it was."""
+        self._paused -= 1
+        self.step = token
+        self.restoring = True
+
+    def frame_locals(self) -> dict:
+        return self._frame_locals
 
     def saved(self, name: str, current: Any) -> Any:
         """The checkpointed value of a loop target re-assigned while walking back in."""
@@ -215,6 +285,10 @@ class Runtime:
     def enter_function(self) -> None:
         self.fn_frame = sys._getframe(1)
 
+    def _elsewhere(self) -> bool:
+        """Another thread runs rewritten code: it gets the dormant runtime's frames."""
+        return _get_ident() != self._thread
+
     def leaf(self, index: int, value: Any) -> iterators.Leaf:
         return iterators.Leaf(index, value)
 
@@ -222,6 +296,8 @@ class Runtime:
         return iterators.make_node(index, fn, children, kwargs)
 
     def enter_for(self, node: int, src: Any, makers: Sequence[Optional[Callable[[], Any]]]) -> ForFrame:
+        if self._elsewhere():
+            return DORMANT.enter_for(node, src, makers)
         if self.restoring:
             rec, last = self._take(node)
             info = self.program.nodes[node]
@@ -238,6 +314,8 @@ class Runtime:
         return frame
 
     def enter_while(self, node: int) -> WhileFrame:
+        if self._elsewhere():
+            return DORMANT.enter_while(node)
         if self.restoring:
             rec, last = self._take(node)
             frame = WhileFrame(self, node, rec["ticks"], "target" if last else "inside")
@@ -249,6 +327,8 @@ class Runtime:
         return frame
 
     def enter_if(self, node: int, value: Optional[bool]) -> bool:
+        if self._elsewhere():
+            return bool(value)
         if self.restoring:
             rec, _ = self._take(node)
             value = rec["branch"]
@@ -256,11 +336,15 @@ class Runtime:
         return bool(value)
 
     def enter_with(self, node: int) -> BlockFrame:
+        if self._elsewhere():
+            return BlockFrame(DORMANT, node, "with")
         if self.restoring:
             self._take(node)
         return BlockFrame(self, node, "with")
 
     def enter_try(self, node: int) -> BlockFrame:
+        if self._elsewhere():
+            return BlockFrame(DORMANT, node, "try")
         if self.restoring:
             self._take(node)
         return BlockFrame(self, node, "try")
@@ -277,7 +361,7 @@ class Runtime:
 
     def pop(self, node: int) -> None:
         stack = self.stack
-        if stack and stack[-1].node == node:
+        if stack and stack[-1].node == node and not self._elsewhere():
             stack.pop()
 
     def boundary(self, node: int) -> None:
@@ -295,22 +379,39 @@ class Runtime:
 
     def safe_point(self, boundary: Optional[int]) -> None:
         """Slow path, entered only when the controller raised its flag."""
+        chain = self._user_chain()
+        if isinstance(chain, str):  # not usable: requests wait for the next usable safe point
+            if self.ctl._poll_progress():
+                self.ctl._emit("progress", {"step": self.step, "loops": self.loop_counters()})
+            return
         request, progress = self.ctl._poll(self)
         if progress:
             self.ctl._emit("progress", {"step": self.step, "loops": self.loop_counters()})
         if self.ctl._trace is not None:
-            self.ctl._trace(self.step, self.describe_position(boundary))
+            self.ctl._trace(self.step, self.describe_position(boundary, chain))
         if request is not None:
-            self._checkpoint(request, boundary)
+            self.chain = chain
+            try:
+                self._checkpoint(request, boundary)
+            finally:
+                self.chain = None
 
-    def describe_position(self, boundary: Optional[int]) -> dict:
+    def _user_chain(self) -> "list[frames.UserFrame] | str":
+        if self._paused or os.getpid() != self._pid:
+            return "a restore is running a call that is not on its path, or this is a forked process"
+        return frames.user_chain(self.program, self.stack, sys._getframe(2), _REENTER_CODE)
+
+    def describe_position(self, boundary: Optional[int], chain: Optional[list] = None) -> dict:
         """A JSON-friendly summary of where the program is (for traces and progress)."""
         nodes = self.program.nodes
         if boundary is not None:
             return {"kind": "boundary", "line": nodes[boundary].line, "loops": []}
         top = self.stack[-1] if self.stack else None
         line = nodes[top.node].line if top is not None else 0
-        return {"kind": "loop", "line": line, "loops": self.loop_counters()}
+        out = {"kind": "loop", "line": line, "loops": self.loop_counters()}
+        if chain is not None and len(chain) > 1:
+            out["functions"] = [self.program.defs[u.fid].name for u in chain[1:]]
+        return out
 
     def _checkpoint(self, request: "_Request", boundary: Optional[int]) -> None:
         from .state import write_checkpoint
@@ -341,3 +442,33 @@ class Runtime:
             self.preempting = True
             self.preempted_exc = Preempted(ref)
             raise self.preempted_exc
+
+
+_REENTER_CODE = Runtime.reenter.__code__
+
+
+class _DormantRuntime(Runtime):
+    """What rewritten functions use outside the program's run (other threads, after it ended):
+    loops run as plain loops, with nothing recorded and no safe point taken."""
+
+    def __init__(self) -> None:
+        self.ctl = _Idle()  # type: ignore[assignment]
+        self.step = 0
+        self.restoring = False
+        self.preempting = False
+        self.preempted_exc = None
+        self.stack = _NoStack()
+        self._thread = -1
+
+    def _elsewhere(self) -> bool:
+        return False
+
+
+#: the runtime of rewritten functions called when no program runs (see `install_dormant`)
+DORMANT = _DormantRuntime()
+
+
+def install_dormant() -> None:
+    """Make ``__sg_rt__`` resolve, through builtins, to `DORMANT` where a program's namespace no
+    longer has it: functions of a finished run (a returned model, a callback) still work."""
+    setattr(builtins, RT, DORMANT)

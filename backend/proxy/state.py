@@ -235,24 +235,59 @@ def _keep(name: str) -> bool:
     return name not in _SKIP_NAMES and not name.startswith(PREFIX)
 
 
-def _with_targets(rt: "Runtime") -> set[str]:
+def _with_targets(rt: "Runtime", entries: Optional[list] = None) -> set[str]:
     """``as`` targets of active with statements: the restore re-enters their headers anyway."""
     names: set[str] = set()
-    for frame in rt.stack:
+    for frame in rt.stack if entries is None else entries:
         if getattr(frame, "kind", "") == "with":
             names.update(rt.program.nodes[frame.node].with_targets)
     return names
 
 
+def _frame_locals(rt: "Runtime", fid: int, frame: Any, entries: list) -> dict:
+    """The variables of a user function's frame that a restore puts back (not its ``with`` targets)."""
+    wanted = set(rt.program.defs[fid].local_names) - _with_targets(rt, entries)
+    return {k: v for k, v in frame.f_locals.items() if k in wanted}
+
+
 def _position(rt: "Runtime", boundary: Optional[int]) -> tuple[list[dict], list[CheckpointFailure]]:
-    """The frame stack as records; loops whose iterator cannot be saved are returned as failures."""
+    """The frame stack as records, outermost first; loops whose iterator cannot be saved are
+    returned as failures.  Between the records of two user frames stands a ``call`` record with
+    the callee's id and locals (all frames' locals are pickled in the one graph, so objects they
+    share stay shared)."""
+    nodes = rt.program.nodes
+    records: list[dict] = []
+    failures: list[CheckpointFailure] = []
+    chain = rt.chain
+    if chain is None:  # a checkpoint outside a safe point's slow path: the top-level frame only
+        entries = list(rt.stack)
+        records.extend(_records(rt, entries, boundary, len(entries) - 1, failures))
+    else:
+        last = sum(len(u.entries) for u in chain) - 1
+        first = 0
+        for i, user in enumerate(chain):
+            records.extend(_records(rt, user.entries, boundary, last - first, failures))
+            first += len(user.entries)
+            if i + 1 < len(chain):
+                callee = chain[i + 1]
+                assert user.call is not None
+                records.append({"node": user.call, "kind": "call", "line": nodes[user.call].line,
+                                "function": callee.fid,
+                                "locals": _frame_locals(rt, callee.fid, callee.frame, callee.entries)})
+    if boundary is not None:
+        records.append({"node": boundary, "kind": "boundary", "line": nodes[boundary].line})
+    return records, failures
+
+
+def _records(rt: "Runtime", entries: list, boundary: Optional[int], last: int,
+             failures: list[CheckpointFailure]) -> list[dict]:
+    """Records of one frame's loops, branches and blocks; ``last`` is the index of the safe point's
+    own loop among them (entries before it are loops the restore resumes inside)."""
     from .runtime import BlockFrame, ForFrame, IfFrame, WhileFrame
 
     nodes = rt.program.nodes
     records: list[dict] = []
-    failures: list[CheckpointFailure] = []
-    last = len(rt.stack) - 1
-    for depth, frame in enumerate(rt.stack):
+    for depth, frame in enumerate(entries):
         inside = boundary is not None or depth < last
         if isinstance(frame, ForFrame):
             info = nodes[frame.node]
@@ -279,9 +314,7 @@ def _position(rt: "Runtime", boundary: Optional[int]) -> tuple[list[dict], list[
         else:
             assert isinstance(frame, BlockFrame)
             records.append({"node": frame.node, "kind": frame.kind, "line": nodes[frame.node].line})
-    if boundary is not None:
-        records.append({"node": boundary, "kind": "boundary", "line": nodes[boundary].line})
-    return records, failures
+    return records
 
 
 def _current_statement(rt: "Runtime", position: list[dict]) -> int:
@@ -307,7 +340,8 @@ def _rebuild_statement(rt: "Runtime", name: str, current: int) -> Optional[int]:
 
 # --------------------------------------------------------------------------- writing
 def _variables(rt: "Runtime") -> tuple[dict, Optional[dict]]:
-    skip = _with_targets(rt)
+    """The top-level frame's variables: the namespace, and a submitted callable's locals."""
+    skip = _with_targets(rt, rt.chain[0].entries if rt.chain else None)
     namespace = {k: v for k, v in rt.ns.items() if _keep(k) and k not in skip}
     saved_locals = None
     if rt.fn_frame is not None:
@@ -326,6 +360,10 @@ def _diagnose(namespace: dict, saved_locals: Optional[dict],
             if err is not None:
                 bad.append((where, name, type(value).__name__, err))
     for rec in position:
+        for name, value in rec.get("locals", {}).items():  # a call record: the callee's frame
+            err = probe(value)
+            if err is not None:  # never rebuilt: only top-level statements are re-run
+                bad.append((f"frame of the call at line {rec['line']}", name, type(value).__name__, err))
         for key, label in (("current", "item"), ("source", "iterable")):
             if key in rec:
                 err = probe(rec[key])

@@ -402,13 +402,28 @@ def test_restore_into_a_different_program_is_refused(tmp_path):
             {}, Controller(_store(tmp_path)), restore=preempted.checkpoint)
 
 
-def test_loops_in_called_functions_are_not_safe_points(tmp_path):
+def test_loops_in_called_functions_are_safe_points_unless_a_library_frame_stands_between(tmp_path):
     steps = []
-    src = "def work():\n    for i in range(100):\n        pass\nfor k in range(3):\n    work()\n"
+    src = """
+def work():
+    for i in range(3):
+        pass
+def key(v):
+    for i in range(2):
+        pass
+    return -v
+for k in range(2):
+    work()
+    print(sorted([1, 2], key=key))
+"""
     ctl = Controller(_store(tmp_path))
     ctl.trace_safe_points(lambda step, pos: steps.append(pos))
-    run_engine(ResumableProgram.from_source(src), ctl)
-    assert [p["kind"] for p in steps] == ["boundary"] + ["loop"] * 4
+    out, _, _, _ = run_engine(ResumableProgram.from_source(src), ctl)
+    assert out == run_plain(src)
+    # per k: its own safe point, then work()'s 3 iterations and its last next(); key() runs
+    # under sorted(), a library frame, so its loop is no safe point a checkpoint can use
+    assert [(p["kind"], p.get("functions")) for p in steps] == \
+        [("boundary", None)] * 2 + ([("loop", None)] + [("loop", ["work"])] * 4) * 2 + [("loop", None)]
 
 
 def test_dataloaders_with_generators_zip_and_iterable_datasets_resume_exactly(tmp_path):

@@ -1,0 +1,110 @@
+"""Which user-code frames stand between the top level and a safe point, found when one is used.
+
+A safe point inside a function is usable only if every frame from the program's top level down
+to it is a rewritten frame of the program, each entered from a call site the rewrite marked in
+its caller (so a restore can re-enter it without evaluating the call's arguments again). This is
+checked on the slow path only, from the Python frames themselves: calling a function costs
+nothing extra. A library frame in between (``model(x)`` reaching a ``forward`` with a loop, a
+``sorted(key=...)`` callback, a decorator's wrapper, a generator), recursion, or a call the
+rewrite cannot re-enter makes the safe point unusable: a pending request then waits for the
+next usable one, which at the latest is the first safe point after that call returns.
+"""
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .program import ResumableProgram
+
+_positions: dict[types.CodeType, list] = {}
+
+
+@dataclass
+class UserFrame:
+    """One frame of the program on the way to a safe point; ``call`` leads to the next one."""
+
+    fid: int
+    frame: types.FrameType
+    entries: list  # the runtime's stack entries (loops, branches, blocks) of this frame
+    call: Optional[int] = None
+
+
+def function_of(fn: Any) -> tuple[Optional[types.FunctionType], tuple]:
+    """The Python function a call of ``fn`` runs first, and the arguments a method binds."""
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        return fn.__func__, (fn.__self__,)
+    if isinstance(fn, types.FunctionType):
+        return fn, ()
+    return None, ()
+
+
+def _call_at(program: "ResumableProgram", fid: int, frame: types.FrameType) -> Optional[int]:
+    """The call site (node id) a frame is executing, from its current instruction's source span."""
+    code = frame.f_code
+    table = _positions.get(code)
+    if table is None:
+        table = _positions[code] = list(code.co_positions())
+    index = frame.f_lasti // 2
+    if not 0 <= index < len(table):
+        return None
+    return program.call_spans.get(fid, {}).get(tuple(table[index]))
+
+
+def _callee_matches(program: "ResumableProgram", cid: int, caller: types.FrameType, callee: types.FrameType) -> bool:
+    """Whether the call site's callee expression, evaluated in the caller, is the callee's function."""
+    text = program.nodes[cid].callee
+    try:
+        fn = eval(text, caller.f_globals, caller.f_locals)  # a name or an attribute chain (see rewrite)
+    except Exception:
+        return False
+    func, _ = function_of(fn)
+    return func is not None and func.__code__ is callee.f_code
+
+
+def user_chain(program: "ResumableProgram", stack: list, start: Optional[types.FrameType],
+               transparent: types.CodeType) -> Union[list[UserFrame], str]:
+    """The user frames from the top level down to ``start``'s innermost program frame, outermost
+    first, each with its share of ``stack``; or a string saying why this safe point is unusable.
+
+    ``transparent`` is the code of `Runtime.reenter`, which stands between a caller and its callee
+    after a restore re-entered the call.
+    """
+    f = start
+    while f is not None and program.fid_of(f.f_code) is None:
+        f = f.f_back
+    chain: list[UserFrame] = []
+    while f is not None:
+        fid = program.fid_of(f.f_code)
+        if fid is None:
+            return f"a library function ({f.f_code.co_qualname}) stands between two frames of the program"
+        chain.append(UserFrame(fid, f, []))
+        if fid == 0:
+            break
+        caller = f.f_back
+        if caller is not None and caller.f_code is transparent:
+            caller = caller.f_back
+        f = caller
+    else:
+        return "the safe point is not inside the program"
+    chain.reverse()
+    seen = [u.fid for u in chain]
+    if len(set(seen)) != len(seen):
+        return "a function of the program is active more than once (recursion)"
+    for outer, inner in zip(chain, chain[1:]):
+        cid = _call_at(program, outer.fid, outer.frame)
+        if cid is None or not _callee_matches(program, cid, outer.frame, inner.frame):
+            name = program.defs[inner.fid].name
+            return f"{name}() was not called from a call the restore can re-enter (line {outer.frame.f_lineno})"
+        outer.call = cid
+    # each frame's share of the stack: entries are in order and belong to the frames in order
+    nodes = program.nodes
+    i = 0
+    for u in chain:
+        while i < len(stack) and nodes[stack[i].node].func == u.fid:
+            u.entries.append(stack[i])
+            i += 1
+    if i != len(stack):
+        return "loop bookkeeping of a function outside this call chain is active"
+    return chain

@@ -1,0 +1,149 @@
+"""Safe points inside functions and methods: programs in the shapes people write (the loop in
+``main()``, a ``Trainer`` class, closures, ``train(next(it))``) run under the engine exactly as
+plain Python does, and stopping them at seeded random safe points, each restore in a new
+process, prints bitwise the same as the uninterrupted run."""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+
+import pytest
+
+from backend.proxy import CheckpointStore, Controller, Preempted, ResumableProgram
+from harness import PYTHON, ROOT, SCRIPTS, pick_stops, run_chain, trace_of
+
+FUNCTIONS = SCRIPTS / "functions"
+
+
+def _plain(script: str) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    out = subprocess.run([PYTHON, script], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _check(launcher, name: str, tmp_path, seed: int, extra: int = 3) -> tuple[list[dict], list[int]]:
+    """Plain python == uninterrupted engine run == the run stopped and restored at seeded stops."""
+    script = str(FUNCTIONS / name)
+    base, trace = trace_of(launcher, [script], tmp_path)
+    assert base.stdout == _plain(script)
+    stops = pick_stops(trace, seed, extra)
+    by_step = {t["step"]: t for t in trace}
+    inside = [s for s in stops if by_step[s].get("functions")]
+    assert len(inside) >= 3, f"want stops inside functions, got {stops}"
+    out, _ = run_chain(launcher, [script], stops, tmp_path / "ck")
+    assert out == base.stdout, f"stops {stops}"
+    return trace, stops
+
+
+def _functions(trace: list[dict]) -> set[tuple[str, ...]]:
+    return {tuple(t.get("functions", ())) for t in trace}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_loop_in_main_under_the_main_guard(launcher, tmp_path, seed):
+    trace, _ = _check(launcher, "main_loop.py", tmp_path, seed)
+    assert ("main",) in _functions(trace)
+    assert all(t.get("functions") == ["main"] for t in trace if t["kind"] == "loop")
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_trainer_class_with_fit_train_epoch_and_evaluate(launcher, tmp_path, seed):
+    trace, _ = _check(launcher, "trainer.py", tmp_path, seed, extra=4)
+    assert {("main", "fit"), ("main", "fit", "train_epoch"), ("main", "fit", "evaluate")} <= _functions(trace)
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_closure_decorator_and_side_effecting_arguments(launcher, tmp_path, seed):
+    trace, _ = _check(launcher, "closures.py", tmp_path, seed, extra=4)
+    assert {("main", "wrapper", "train"), ("main", "accumulate"), ("main", "evaluate")} <= _functions(trace)
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_mlp_adam_training_in_main_with_argparse(launcher, tmp_path, seed):
+    trace, _ = _check(launcher, "mlp_adam.py", tmp_path, seed)
+    assert ("main",) in _functions(trace)
+
+
+@pytest.mark.parametrize("seed", [9, 10])
+def test_unsupported_shapes_run_unchanged_and_resume_around_them(launcher, tmp_path, seed):
+    trace, _ = _check(launcher, "fallbacks.py", tmp_path, seed)
+    chains = _functions(trace)
+    for chain in chains:
+        assert len(set(chain)) == len(chain), f"a safe point inside recursion: {chain}"
+        assert not {"numbers", "rebinding", "worker"} & set(chain), chain
+    assert ("main", "walk") in chains and ("main", "fib") in chains
+
+
+def _run(src: str, ctl: Controller, restore=None) -> tuple[str, object]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            ResumableProgram.from_source(src).run({}, ctl, restore=restore)
+        except Preempted as p:
+            return out.getvalue(), p
+    return out.getvalue(), None
+
+
+def test_a_request_inside_recursion_waits_for_the_first_usable_safe_point(tmp_path):
+    src = """
+def down(n):
+    for i in range(2):
+        if n:
+            down(n - 1)
+        print("at", n, i)
+def main():
+    for k in range(2):
+        down(2)
+main()
+"""
+    steps: list[tuple[int, dict]] = []
+    tracer = Controller(CheckpointStore(tmp_path / "t"))
+    tracer.trace_safe_points(lambda step, pos: steps.append((step, pos)))
+    plain, _ = _run(src, tracer)
+    usable = [s for s, _ in steps]
+    hidden = next(s for s in range(1, usable[-1]) if s not in usable)  # a loop step inside down(1)
+    ctl = Controller(CheckpointStore(tmp_path / "ck"))
+    ctl.checkpoint_at_step(hidden, "stop")
+    first, stopped = _run(src, ctl)
+    assert stopped is not None
+    assert stopped.checkpoint.step == min(s for s in usable if s > hidden)
+    rest, again = _run(src, Controller(CheckpointStore(tmp_path / "ck")), restore=stopped.checkpoint)
+    assert again is None and first + rest == plain
+
+
+def test_locals_shared_between_frames_stay_shared(tmp_path):
+    src = """
+class Box:
+    pass
+def inner(a, box):
+    for i in range(3):
+        a.append(i)
+        print(i, a is box.items, len(box.items))
+def outer():
+    box = Box()
+    box.items = []
+    items = box.items
+    inner(items, box)
+    print("outer", items is box.items, items)
+outer()
+"""
+    plain, _ = _run(src, Controller(CheckpointStore(tmp_path / "t")))
+    for step in (2, 3, 4):
+        ctl = Controller(CheckpointStore(tmp_path / f"ck{step}"))
+        ctl.checkpoint_at_step(step, "stop")
+        first, stopped = _run(src, ctl)
+        assert stopped is not None and stopped.checkpoint.step == step
+        rest, _ = _run(src, Controller(CheckpointStore(tmp_path / f"ck{step}")), restore=stopped.checkpoint)
+        assert first + rest == plain
+        assert "True" in rest and "False" not in rest
+
+
+def test_functions_of_a_finished_run_keep_working(tmp_path):
+    src = "def total(n):\n    s = 0\n    for i in range(n):\n        s += i\n    return s\n"
+    ns: dict = {}
+    ResumableProgram.from_source(src).run(ns, Controller(CheckpointStore(tmp_path / "ck")))
+    assert not [k for k in ns if k.startswith("__sg_")]
+    assert ns["total"](5) == 10
