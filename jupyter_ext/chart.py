@@ -18,7 +18,7 @@ from singularity_sdk.metrics import Series
 from singularity_sdk.protocol import EventType
 
 WIDTH, HEIGHT = 620, 170
-PAD_L, PAD_R, PAD_T, PAD_B = 48, 12, 22, 20
+PAD_L, PAD_R, PAD_T, PAD_B = 60, 12, 22, 20
 COLORS = ("#2563eb", "#dc2626", "#059669")
 MARK = {
     EventType.CHECKPOINTED: ("C", "#0e7490"), EventType.PREEMPTED: ("P", "#b45309"),
@@ -85,13 +85,16 @@ def svg(series: Series) -> str:
                          f'<text x="{PAD_L - 4}" y="{PAD_T + h}" text-anchor="end" fill="#6b7280">{lo:.3g}</text>')
         legend.append(f'<tspan fill="{color}">{html.escape(name)} {vals[-1]:.4g}</tspan>')
     parts.append(f'<text x="{PAD_L}" y="14">{"  ".join(legend)}</text>')
+    stacked: dict[int, int] = {}  # markers at the same x get their labels one under another
     for m in series.markers:
         label, color = MARK.get(m.type, ("?", "#374151"))
         x = sx(m.step)
+        row = stacked[round(x)] = stacked.get(round(x), -1) + 1
         parts.append(f'<g class="singularity-marker singularity-marker-{m.type.value}">'
                      f'<title>{m.type.value} at step {m.step}</title>'
                      f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{PAD_T}" y2="{PAD_T + h}" stroke="{color}" '
-                     f'stroke-dasharray="3,2"/><text x="{x + 2:.1f}" y="{PAD_T + 10}" fill="{color}">{label}</text></g>')
+                     f'stroke-dasharray="3,2"/><text x="{x + 2:.1f}" y="{PAD_T + 10 + 11 * (row % 10)}" '
+                     f'fill="{color}">{label}</text></g>')
     parts.append(f'<text x="{PAD_L}" y="{HEIGHT - 5}" fill="#6b7280">step {x0:g}</text>'
                  f'<text x="{PAD_L + w}" y="{HEIGHT - 5}" text-anchor="end" fill="#6b7280">{x1:g}</text></svg>')
     return "".join(parts)

@@ -95,9 +95,12 @@ class JobWidget(W.VBox):
         self.log_box = W.Accordion(children=[self.logs], titles=("Logs",), selected_index=0 if logs_open else None)
         super().__init__([self.header, self.placement, self.progress, controls, self.message, self.chart,
                           self.timeline, self.log_box], layout=W.Layout(border="1px solid #d1d5db", padding="6px"))
+        self.migrate_to.add_class("singularity-migrate-to")
+        self.resize_to.add_class("singularity-resize-to")
         self.add_class("singularity-job")
         self.timeline.add_class("singularity-timeline")
         self.chart.add_class("singularity-chart")
+        self.logs.add_class("singularity-logs")
         self._load_nodes()
         self.render()
 

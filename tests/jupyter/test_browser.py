@@ -1,6 +1,8 @@
 """In a real browser: JupyterLab with the server extension, driven by Playwright on the system's
 Chromium. A newcomer's path: open a notebook, ``%load_ext``, run a ``%%singularity`` cell with no
-configuration, and use the widget's buttons. Screenshots go to tests/artifacts/."""
+configuration, and use the widget's buttons *while the cell still runs* (no ``--no-wait``).
+Screenshots go to the pytest tmp dir (the path is printed); the one of a preemption is copied to
+docs/images/ for docs/jupyter.md when that file is missing or SINGULARITY_UPDATE_SCREENSHOTS=1."""
 from __future__ import annotations
 
 import os
@@ -13,14 +15,20 @@ import pytest
 
 from jupyter_helpers import ROOT, JupyterProcess
 
-ARTIFACTS = ROOT / "tests" / "artifacts"
+DOC_SHOT = ROOT / "docs" / "images" / "jupyter-widget-preempted.png"
 #: The loop sleeps so a person (or this test) has time to click; each iteration is a safe point.
-CELL = ("%%singularity --no-wait --name browser-{tag}\n"
+CELL = ("%%singularity --name browser-{tag}\n"
         "import time\n"
         "for i in range(3000):\n"
-        "    print('tick', i, flush=True)\n"
+        "    print(f'step={{i}} loss={{1 / (i + 1)}}', flush=True)\n"
         "    time.sleep(0.05)\n"
         "i")
+#: An ordinary DDP cell on 2 devices printing its loss; its value is the parameters' digest.
+DDP = (ROOT / "tests" / "e2e" / "programs" / "ddp_train.py").read_text().replace(
+    'int(os.environ.get("STEPS", "60"))', "200").replace(
+    'print(f"step {step} loss {loss.item()!r}", flush=True)', 'print(f"step={step} loss={loss.item()!r}", flush=True)')
+#: The same training, slower per step (the value does not depend on it): time to click.
+SLOW_DDP = DDP.replace('float(os.environ.get("STEP_SLEEP", "0.02"))', "0.08")
 
 
 def find_chromium() -> str | None:
@@ -39,7 +47,11 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    jp = JupyterProcess("lab", tmp_path_factory.mktemp("lab"), "--LabApp.news_url=None",
+    root = tmp_path_factory.mktemp("lab")
+    news = root / "lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text('{"fetchNews": "false", "checkForUpdates": false}')  # no toast over the widget
+    jp = JupyterProcess("lab", root, "--LabApp.news_url=None",
                         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate")
     yield jp
     jp.stop()
@@ -56,9 +68,14 @@ def browser():
         b.close()
 
 
-def open_notebook(lab: JupyterProcess, browser, tag: str):
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("%load_ext jupyter_ext"),
-                                         nbformat.v4.new_code_cell(CELL.format(tag=tag))])
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("screenshots")
+
+
+def open_notebook(lab: JupyterProcess, browser, tag: str, cells: list[str] | None = None):
+    cells = cells or [CELL.format(tag=tag)]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in ["%load_ext jupyter_ext", *cells]])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     nbformat.write(nb, lab.root / "work" / f"{tag}.ipynb")
     page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -86,21 +103,37 @@ def run_all(page, attempts: int = 3) -> None:
                 raise
 
 
-def widget(page):
-    """The job widget of the notebook in view."""
-    return page.locator(".jp-NotebookPanel:visible .singularity-job")
+def cell(page, index: int):
+    return page.locator(".jp-NotebookPanel:visible .jp-Notebook .jp-Cell").nth(index)
 
 
-def badge(page, state: str, timeout: float = 60_000):
-    widget(page).locator(".singularity-badge", has_text=re.compile(rf"^{state}$")).wait_for(timeout=timeout)
+def widget(page, index: int = 1):
+    """The job widget of cell ``index`` (0 is %load_ext) of the notebook in view."""
+    return cell(page, index).locator(".singularity-job")
 
 
-def timeline(page, event: str, timeout: float = 30_000):
-    widget(page).locator(".singularity-timeline td", has_text=re.compile(rf"^{event}$")).first.wait_for(timeout=timeout)
+def badge(page, state: str, timeout: float = 60_000, index: int = 1):
+    widget(page, index).locator(".singularity-badge", has_text=re.compile(rf"^{state}$")).wait_for(timeout=timeout)
 
 
-def click(page, button: str) -> None:
-    widget(page).locator(f".singularity-{button}").click()
+def timeline(page, event: str, timeout: float = 30_000, index: int = 1):
+    widget(page, index).locator(".singularity-timeline td",
+                                has_text=re.compile(rf"^{event}$")).first.wait_for(timeout=timeout)
+
+
+def click(page, button: str, index: int = 1) -> None:
+    widget(page, index).locator(f".singularity-{button}").click()
+
+
+def running(page, index: int) -> bool:
+    """Whether cell ``index`` is still executing (its prompt shows [*])."""
+    return cell(page, index).locator(".jp-InputPrompt").inner_text().strip().startswith("[*]")
+
+
+def result(page, index: int, timeout: float = 240_000) -> str:
+    out = cell(page, index).locator(".jp-OutputArea-executeResult .jp-OutputArea-output")
+    out.wait_for(timeout=timeout)
+    return out.inner_text().strip()
 
 
 def backend_logs(lab: JupyterProcess) -> str:
@@ -112,14 +145,14 @@ def backend_logs(lab: JupyterProcess) -> str:
     return "\n".join(parts)
 
 
-def shoot(page, name: str) -> Path:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    path = ARTIFACTS / name
-    page.screenshot(path=str(path), full_page=True)
+def shoot(page, folder: Path, name: str, element=None) -> Path:
+    path = folder / name
+    (element or page).screenshot(path=str(path), **({} if element is not None else {"full_page": True}))
+    print(f"screenshot: {path}")
     return path
 
 
-def test_widget_in_jupyterlab_shows_state_and_answers_buttons(lab, browser):
+def test_buttons_act_while_the_cell_runs(lab, browser, shots):
     page = open_notebook(lab, browser, "controls")
     try:
         badge(page, "running")
@@ -127,35 +160,53 @@ def test_widget_in_jupyterlab_shows_state_and_answers_buttons(lab, browser):
         click(page, "preempt")
         badge(page, "(preempting|preempted)", timeout=5_000)
         timeline(page, "preempting", timeout=5_000)
+        assert running(page, 1), "the buttons must act while the cell is still running"
         click(page, "cancel")
         badge(page, "cancelled")
         timeline(page, "cancelled")
         assert widget(page).locator(".singularity-preempt").is_disabled()
-        shoot(page, "jupyter-browser-controls.png")
+        cell(page, 1).locator(".jp-OutputArea-output", has_text="was cancelled").wait_for()  # the cell ended
+        shoot(page, shots, "jupyter-browser-controls.png")
     except Exception:
-        shoot(page, "jupyter-browser-controls-FAILED.png")
+        shoot(page, shots, "jupyter-browser-controls-FAILED.png")
         print(backend_logs(lab))
         raise
     finally:
         page.close()
 
 
-def test_preempt_and_resume_from_the_widget(lab, browser):
-    page = open_notebook(lab, browser, "resume")
+def test_preempt_resume_resize_a_running_cell_with_its_curve(lab, browser, shots):
+    """Cell 1 trains undisturbed; cell 2 trains the same while its widget preempts, resumes and
+    resizes it: the chart marks the preemption, and both cells end with the same value."""
+    page = open_notebook(lab, browser, "resize", [f"%%singularity --gpus 2 --ranks 2 --name plain\n{DDP}",
+                                                  f"%%singularity --gpus 2 --ranks 2 --name moved\n{SLOW_DDP}"])
     try:
-        badge(page, "running")
-        widget(page).locator(".singularity-progress", has_text="log line").wait_for()
-        click(page, "preempt")
-        badge(page, "preempted")
-        timeline(page, "preempted")
-        click(page, "resume")
-        timeline(page, "resumed")
-        badge(page, "running")
-        shoot(page, "jupyter-browser-preempt-resume.png")
-        click(page, "cancel")
-        badge(page, "cancelled")
+        reference = result(page, 1)
+        badge(page, "running", index=2)
+        w = widget(page, 2)
+        w.locator(".singularity-curve").wait_for(timeout=60_000)
+        w.locator(".singularity-logs pre", has_text="step=40 ").wait_for(state="attached", timeout=60_000)
+        click(page, "preempt", index=2)
+        badge(page, "preempted", index=2)
+        w.locator(".singularity-marker-preempted").wait_for()
+        assert running(page, 2)
+        doc = shoot(page, shots, "jupyter-widget-preempted.png", element=w)
+        if not DOC_SHOT.exists() or os.environ.get("SINGULARITY_UPDATE_SCREENSHOTS") == "1":
+            DOC_SHOT.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(doc, DOC_SHOT)
+        click(page, "resume", index=2)
+        timeline(page, "resumed", index=2)
+        badge(page, "running", index=2)
+        size = w.locator(".singularity-resize-to input")
+        size.fill("1")
+        size.press("Enter")
+        click(page, "resize", index=2)
+        timeline(page, "resized", timeout=120_000, index=2)
+        assert running(page, 2)
+        assert result(page, 2) == reference  # exact after a preemption and a resize
+        shoot(page, shots, "jupyter-browser-resize.png")
     except Exception:
-        shoot(page, "jupyter-browser-preempt-resume-FAILED.png")
+        shoot(page, shots, "jupyter-browser-resize-FAILED.png")
         print(backend_logs(lab))
         raise
     finally:
