@@ -2,7 +2,8 @@
 
 The grid is redrawn whenever one of the user's jobs changes placement (the server's user-events
 WebSocket says so at once) and every few seconds regardless, since nodes joining or being lost
-are not job events. A daemon thread does this until the widget is closed.
+are not job events (nor are GPU utilisation and memory, read from NVML where it sees the
+device: ``nvml.py``). A daemon thread does this until the widget is closed.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from singularity_sdk.errors import SingularityError
 from singularity_sdk.protocol import EventType, NodeInfo
 from singularity_sdk.render import table
 
+from .nvml import Load, sample
+
 log = logging.getLogger("jupyter_ext")
 
 #: Job events after which devices may have changed hands.
@@ -37,7 +40,7 @@ def job_color(job_id: str) -> str:
     return f"hsl({hue},65%,85%)"
 
 
-def cluster_html(nodes: list[NodeInfo], names: dict[str, str]) -> str:
+def cluster_html(nodes: list[NodeInfo], names: dict[str, str], loads: Optional[dict[str, Load]] = None) -> str:
     if not nodes:
         return "<i>no nodes have registered with the server</i>"
     rows = []
@@ -45,14 +48,16 @@ def cluster_html(nodes: list[NodeInfo], names: dict[str, str]) -> str:
         cells = []
         for d in n.devices:
             job = n.used.get(d.index)
+            load = (loads or {}).get(d.uuid or "")
+            gauge = f'<br><span class="singularity-load" style="color:#4b5563">{load.text()}</span>' if load else ""
             if job:
                 label = html.escape(names.get(job, job))
                 cells.append(f'<td class="singularity-device busy" style="background:{job_color(job)};padding:3px 8px;'
                              f'border:1px solid #d1d5db" title="{html.escape(d.name)}">{d.index}: {label}'
-                             f' <code>{job}</code></td>')
+                             f' <code>{job}</code>{gauge}</td>')
             else:
                 cells.append(f'<td class="singularity-device free" style="padding:3px 8px;border:1px solid #d1d5db;'
-                             f'color:#9ca3af" title="{html.escape(d.name)}">{d.index}: free</td>')
+                             f'color:#9ca3af" title="{html.escape(d.name)}">{d.index}: free{gauge}</td>')
         state_color = "#15803d" if n.state.value == "ready" else "#dc2626"
         rows.append(f'<tr><th style="text-align:left;padding-right:8px">{html.escape(n.name)} '
                     f'<span style="color:{state_color};font-weight:400">{n.state.value}</span></th>{"".join(cells)}</tr>')
@@ -94,7 +99,8 @@ class ClusterWidget(W.VBox):
                 self._names[job] = self.client.get(job).name
             except SingularityError:
                 self._names[job] = job  # another user's job: only its id is ours to see
-        self.grid.value = cluster_html(self.nodes, self._names)
+        loads = sample(d.uuid for n in self.nodes for d in n.devices if d.kind == "cuda")
+        self.grid.value = cluster_html(self.nodes, self._names, loads)
         self.status.value = ""
 
     def start(self) -> "ClusterWidget":
