@@ -38,10 +38,12 @@ class Finished:
 
 def _stats(x: Sequence[float]) -> dict[str, float]:
     if len(x) == 0:
-        return {"n": 0, "mean": float("nan"), "median": float("nan"), "p95": float("nan"), "p99": float("nan")}
+        nan = float("nan")
+        return {"n": 0, "mean": nan, "median": nan, "p95": nan, "p99": nan, "max": nan}
     a = np.asarray(x, dtype=float)
     p50, p95, p99 = np.percentile(a, [50, 95, 99])
-    return {"n": int(len(a)), "mean": float(a.mean()), "median": float(p50), "p95": float(p95), "p99": float(p99)}
+    return {"n": int(len(a)), "mean": float(a.mean()), "median": float(p50), "p95": float(p95), "p99": float(p99),
+            "max": float(a.max())}
 
 
 @dataclass

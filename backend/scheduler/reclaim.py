@@ -64,12 +64,11 @@ def plan_node(
     for j in state.node_jobs.get(i, ()):
         if not j.movable or j in taken or node not in j.placement:
             continue
-        if j.rank == ben.rank:
-            if las is not None:
-                if j.las_victim < las[1] + state.config.las_take_gap:
-                    continue
-            elif state.held(j.rank, j.user) <= hb:
+        if las is not None and j.rank >= ben.rank:
+            if j.las_victim < las[1] + state.config.las_take_gap:
                 continue
+        elif j.rank == ben.rank and state.held(j.rank, j.user) <= hb:
+            continue
         by_rank[j.rank].append(j)
     for lst in by_rank.values():
         lst.sort(key=lambda j: j.victim_key)
@@ -116,7 +115,7 @@ def _commit(state: RoundState, node: str, changes: Changes, ben: RJob, p: int, l
         q = changes[j]
         why = f"{ben.sla} job {ben.id} needs {p} devices on {node}"
         extra = ""
-        if j.rank == ben.rank:
+        if j.rank >= ben.rank:
             if las:
                 extra = (
                     f"; least attained service first in the {j.sla} tier: {j.id} has had"

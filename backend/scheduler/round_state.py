@@ -311,8 +311,8 @@ class RoundState:
 
     def capacity(self, c: int, las: Optional[tuple[int, int]]) -> np.ndarray:
         """Devices per node that category ``c`` offers; with ``las = (rank, cls)`` the jobs of
-        that rank count only if their victim class is ``cls + las_take_gap`` or more (LAS)."""
-        if las is not None and CATEGORY[c][0] == las[0]:
+        that rank or above count only if their victim class is ``cls + las_take_gap`` or more (LAS)."""
+        if las is not None and CATEGORY[c][0] >= las[0]:
             k = las[1] + self.config.las_take_gap
             return self.las_cats[k, c] if k < len(self.las_cats) else np.zeros_like(self.nfree)
         return self.cats[c]

@@ -40,6 +40,7 @@ Policy = Callable[[Snapshot], list[Action]]
 POLICIES = ("singularity", "fifo", "fifo-backfill", "tiresias", "srtf")
 
 _DONE, _STALL_END, _WAKE = 0, 1, 2
+_new_view = object.__new__
 #: wake-ups for anti-thrash expiry are rounded up to this grid so that many moves share a round
 _WAKE_GRID_S = 60.0
 
@@ -287,7 +288,10 @@ class Simulator:
         return v
 
     def _job_view(self, j: SimJob) -> JobView:
-        j.view = JobView(
+        # built without the frozen dataclass' __init__ (one object.__setattr__ per field): the
+        # views of running jobs are rebuilt every round, and that was a fifth of a week's time
+        v = _new_view(JobView)
+        v.__dict__.update(
             id=j.id,
             user=j.user,
             sla=j.sla,
@@ -297,10 +301,13 @@ class Simulator:
             placement=j.placement,
             last_checkpoint_at=j.last_checkpoint_at,
             last_moved_at=j.last_moved_at,
+            elastic=True,
             attained_s=j.progress_to(self.now)[1],
             ran_s=j.ran_to(self.now),
+            nodes=None,
         )
-        return j.view
+        j.view = v
+        return v
 
     def _round(self) -> None:
         snap = self.snapshot()

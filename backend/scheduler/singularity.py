@@ -57,6 +57,10 @@ SAME_TIER = (SHRINK_BASIC, PREEMPT_BASIC, SHRINK_STANDARD)
 #: What a waiting job may take from its own tier by least attained service (with lower tiers):
 #: standard work is only ever shrunk for standard work, basic work shrunk, then preempted.
 LAS_TAKE = {1: (SHRINK_BASIC, PREEMPT_BASIC, SHRINK_STANDARD), 0: (SHRINK_BASIC, PREEMPT_BASIC)}
+#: With ``las_across``: standard and basic work form one pool ordered by attained service, and
+#: a waiting job may shrink, then preempt, any non-premium job far above it in service (a
+#: job of a lower tier whatever its service), as Tiresias does for every job.
+LAS_ACROSS = (SHRINK_BASIC, PREEMPT_BASIC, SHRINK_STANDARD, PREEMPT_STANDARD)
 
 
 def singularity_policy(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()) -> list[Action]:
@@ -64,16 +68,18 @@ def singularity_policy(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()
     state = RoundState(snapshot, config)
     if not state.names:
         return []
-    for rank in (2, 1, 0):
-        _Tier(state, rank).place_waiting()
-        _grow(state, rank)
+    passes = ((2,), (1, 0)) if config.las_across else ((2,), (1,), (0,))
+    for ranks in passes:
+        _Tier(state, ranks).place_waiting()
+        for rank in ranks:
+            _grow(state, rank)
     if state.free.total:
         # devices still free at the end (a job grown onto another node freed its old ones, a
         # victim freed more than was needed, devices no waiting job could use) go to whoever
         # still waits and fits, victims displaced in this round included (preempt + resume
         # elsewhere is a migration), without taking from anyone
-        for rank in (2, 1, 0):
-            _Tier(state, rank, free_only=True).place_waiting()
+        for ranks in passes:
+            _Tier(state, ranks, free_only=True).place_waiting()
     return state.actions
 
 
@@ -94,72 +100,81 @@ class SingularityPolicy:
 
 
 class _Tier:
-    """Places the waiting jobs of one tier."""
+    """Places the waiting jobs of one tier, or of several tiers in one pool (``las_across``)."""
 
-    def __init__(self, state: RoundState, rank: int, free_only: bool = False):
+    def __init__(self, state: RoundState, ranks: tuple[int, ...], free_only: bool = False):
         self.state = state
-        self.rank = rank
+        self.ranks = ranks
         self.free_only = free_only
+        self.across = len(ranks) > 1
         self.jobs = [
-            j for j in state.waiting if j.rank == rank and (not j.touched or (free_only and j.displaced and not j.held))
+            j for j in state.waiting
+            if j.rank in ranks and (not j.touched or (free_only and j.displaced and not j.held))
         ]
-        #: smallest minimum size that failed every tenant-independent attempt: a job needing at
-        #: least as much cannot succeed either while free devices do not grow (free devices
-        #: and capacity to take back only shrink, except when a victim frees more than needed)
-        self.fail_floor = 1 << 30
+        #: per rank, smallest minimum size that failed every tenant-independent attempt: a job
+        #: of that rank needing at least as much cannot succeed either while free devices do
+        #: not grow (free devices and capacity to take back only shrink, except when a victim
+        #: frees more than needed)
+        self.fail_floor: dict[int, int] = {}
         self.fail_user: dict[str, int] = {}
-        self.fail_las: dict[int, int] = {}  # service class -> smallest minimum size that failed
+        self.fail_las: dict[tuple[int, int], int] = {}  # (rank, class) -> smallest failed minimum
         self.fail_free = -1  # free devices when the failures above were recorded
-        #: one reservation per tier and round: for the longest-waiting starving job that does
+        #: one reservation per pass and round: for the longest-waiting starving job that does
         #: not fit (holding devices for every starving job would idle too many)
         self.reserve_left = not free_only
 
     def order(self) -> Iterator[RJob]:
         """Starving jobs first (waited past the starvation horizon; oldest first); then by
-        service class, least attained service first; within a class fair share between users
-        (the user holding fewest devices in the tier goes next), FIFO per user."""
+        service class, least attained service first (in a pool of tiers, the higher tier first
+        within a class); then fair share between users (the user holding fewest devices in the
+        tier goes next), FIFO per user."""
         st = self.state
         cfg = st.config
         horizon = cfg.starvation_horizon_s
         jobs = sorted(self.jobs, key=lambda j: (j.submitted_at, j.id))
         yield from (j for j in jobs if j.waited >= horizon)
-        by_class: dict[int, dict[str, deque[RJob]]] = {}
+        groups: dict[tuple[int, int], dict[str, deque[RJob]]] = {}
         for j in jobs:
             if j.waited < horizon:
-                per_user = by_class.setdefault(j.las if cfg.las_order else 0, {})
+                per_user = groups.setdefault((j.las if cfg.las_order else 0, -j.rank), {})
                 per_user.setdefault(j.user, deque()).append(j)
-        for cls in sorted(by_class):
-            per_user = by_class[cls]
-            heap = [(st.held(self.rank, u), q[0].submitted_at, u) for u, q in per_user.items()]
+        for (_, neg_rank), per_user in sorted(groups.items()):
+            rank = -neg_rank
+            heap = [(st.held(rank, u), q[0].submitted_at, u) for u, q in per_user.items()]
             heapq.heapify(heap)
             while heap:
                 _, _, user = heapq.heappop(heap)
                 q = per_user[user]
                 yield q.popleft()
                 if q:
-                    heapq.heappush(heap, (st.held(self.rank, user), q[0].submitted_at, user))
+                    heapq.heappush(heap, (st.held(rank, user), q[0].submitted_at, user))
 
     def hopeless(self) -> bool:
-        """Nothing free and nothing this tier may take: skip it without looking at its jobs."""
+        """Nothing free and nothing these tiers may take: skip them without looking at jobs."""
         st = self.state
         if st.free.total > 0:
             return False
         if self.free_only:
             return True
-        cats = list(LOWER[self.rank] + ((SHRINK_STANDARD,) if self._same_tier() else ()))
-        if cats and int(st.cats[cats].sum()) > 0:
-            return False
-        if self._las():
-            # what the least served waiting job (class 0) could take from its own tier
-            gap = st.config.las_take_gap
-            return gap >= len(st.las_cats) or int(st.las_cats[gap, list(LAS_TAKE[self.rank])].sum()) == 0
+        for rank in self.ranks:
+            cats = list(LOWER[rank] + ((SHRINK_STANDARD,) if self._same_tier(rank) else ()))
+            if cats and int(st.cats[cats].sum()) > 0:
+                return False
+            if self._las(rank):
+                # what the least served waiting job (class 0) could take from its own tier
+                gap = st.config.las_take_gap
+                if gap < len(st.las_cats) and int(st.las_cats[gap, list(self._las_cats(rank))].sum()) > 0:
+                    return False
         return True
 
-    def _same_tier(self) -> bool:
-        return self.rank == 1 and self.state.config.same_tier_shrink and not self.free_only
+    def _same_tier(self, rank: int) -> bool:
+        return rank == 1 and self.state.config.same_tier_shrink and not self.free_only
 
-    def _las(self) -> bool:
-        return self.rank < 2 and self.state.config.las_take and not self.free_only
+    def _las(self, rank: int) -> bool:
+        return rank < 2 and self.state.config.las_take and not self.free_only
+
+    def _las_cats(self, rank: int) -> tuple[int, ...]:
+        return LAS_ACROSS if self.across else LAS_TAKE[rank]
 
     def place_waiting(self) -> None:
         if not self.jobs or self.hopeless():
@@ -196,6 +211,7 @@ class _Tier:
 
     def _try(self, job: RJob) -> bool:
         st = self.state
+        rank = job.rank
         if job.view.nodes is not None:
             # Its checkpoint resumes exactly only on some nodes: free devices there, or it waits.
             # Nothing is taken from others for it, and its failure says nothing about other jobs.
@@ -209,8 +225,8 @@ class _Tier:
                     return True
             return False
         if st.free.total > self.fail_free >= 0:
-            self.fail_floor, self.fail_user, self.fail_las, self.fail_free = 1 << 30, {}, {}, -1
-        if job.start_min < self.fail_floor:
+            self.fail_floor, self.fail_user, self.fail_las, self.fail_free = {}, {}, {}, -1
+        if job.start_min < self.fail_floor.get(rank, 1 << 30):
             for p in divisors(job.gpus):
                 if p < job.start_min:
                     break
@@ -219,24 +235,24 @@ class _Tier:
                     placement, how = got
                     st.place(job, placement, _place_reason(job, placement, p, how, st))
                     return True
-            self.fail_floor = job.start_min
+            self.fail_floor[rank] = job.start_min
             self.fail_free = st.free.total
-        if self._las() and job.start_min < self.fail_las.get(job.las, 1 << 30):
-            cats = LAS_TAKE[self.rank]
+        if self._las(rank) and job.start_min < self.fail_las.get((rank, job.las), 1 << 30):
+            cats = self._las_cats(rank)
             for p in divisors(job.gpus):
                 if p < job.start_min:
                     break
                 placement = reclaim(st, job, p, cats, las=True)
                 if placement is not None:
                     how = (
-                        f"took devices from {job.sla} jobs that have had far more service"
+                        f"took devices from jobs that have had far more service"
                         f" (least attained service first; it has had {job.attained / 3600:.2f} device-hours)"
                     )
                     st.place(job, placement, _place_reason(job, placement, p, how, st))
                     return True
-            self.fail_las[job.las] = job.start_min
+            self.fail_las[(rank, job.las)] = job.start_min
             self.fail_free = st.free.total
-        if self._same_tier() and job.start_min < self.fail_user.get(job.user, 1 << 30):
+        if self._same_tier(rank) and job.start_min < self.fail_user.get(job.user, 1 << 30):
             placement = reclaim(st, job, job.start_min, SAME_TIER)
             if placement is not None:
                 how = "took devices from standard jobs of users holding more (fair share)"
@@ -256,7 +272,7 @@ class _Tier:
         placement = defragment(st, job, p)
         if placement is not None:
             return placement, "after migrating smaller jobs off the node (defragmentation)"
-        cats = LOWER[self.rank]
+        cats = LOWER[job.rank]
         if cats:
             placement = reclaim(st, job, p, cats)
             if placement is not None:

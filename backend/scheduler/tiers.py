@@ -36,7 +36,9 @@ class PolicyConfig:
     #: basic jobs that have waited this long are treated as standard (no starvation)
     aging_horizon_s: float = 4 * 3600.0
     standard_min_fraction: float = 0.5
-    basic_min_fraction: float = 0.0
+    #: basic jobs shrink to half too: a wide basic job started or squeezed onto one device ran
+    #: at 1/W speed for days, which cost basic a third of its device-time share (measured)
+    basic_min_fraction: float = 0.5
     #: a waiting standard job may shrink running standard jobs of users who hold more devices
     same_tier_shrink: bool = True
     #: migrate small jobs to free a node for a waiting job that needs one
@@ -56,6 +58,10 @@ class PolicyConfig:
     #: job with under 0.25 device-hours from jobs with over 1, one with under 1 from jobs with
     #: over 10): standard ones are only shrunk (to half), basic ones shrunk, then preempted
     las_take: bool = True
+    #: standard and basic waiting jobs form one pool ordered by service class (standard first
+    #: within a class), and a LAS take may shrink, then preempt, any non-premium job far above
+    #: the waiting job in service (False: each tier alone; standard only shrunk for standard)
+    las_across: bool = True
     las_take_gap: int = 2
     #: ... and only from a job whose attained service exceeds margin x its devices x
     #: ``overhead_s`` (the stall it pays must be small next to what it has had)

@@ -20,6 +20,8 @@ from singularity_sdk.protocol import JobState
 
 NOW = 1_000_000.0
 HOUR = 3600.0
+#: each tier alone, basic shrinkable to one device (the rules before the shared pool)
+PER_TIER = PolicyConfig(las_across=False, basic_min_fraction=0.0)
 
 
 def _blocked(*jobs):
@@ -97,14 +99,18 @@ def test_same_tier_las_shrink_only_when_allowed(case):
     assert singularity_policy(snap, cfg) == []
 
 
-def test_standard_jobs_are_never_preempted_for_standard_work_whatever_their_service():
+def test_per_tier_mode_never_preempts_standard_jobs_for_standard_work():
     ones = [running(f"s1-{i}", S, 1, {"node-0": (i,)}, user="a", submitted_at=NOW - 50 * HOUR,
                     attained=40 * HOUR, ran=40 * HOUR) for i in range(8)]
     snap = snapshot(NOW, {"node-0": 8}, ones + [waiting("new", S, 1, user="a", submitted_at=NOW - 60)])
-    assert singularity_policy(snap) == []
+    assert singularity_policy(snap, PER_TIER) == []
+    # in one pool (the default) the long-served job that loses least work makes room
+    acts = by_job(singularity_policy(snap))
+    assert set(acts) == {"s1-0", "new"} and isinstance(acts["s1-0"], Preempt)
 
 
 def test_basic_jobs_with_far_more_service_are_shrunk_then_preempted_for_a_new_basic_job():
+    cfg = PER_TIER
     def basic_ones(n, start=0):
         return [running(f"b-{i}", B, 1, {"node-0": (i,)}, submitted_at=NOW - 3 * HOUR, ckpt=NOW - 1000 + i,
                         attained=2.5 * HOUR, ran=2.5 * HOUR) for i in range(start, n)]
@@ -113,11 +119,11 @@ def test_basic_jobs_with_far_more_service_are_shrunk_then_preempted_for_a_new_ba
     # a spliceable basic job is there: shrinking it is cheaper than preempting anyone
     wide = running("b-wide", B, 2, {"node-0": (6, 7)}, submitted_at=NOW - 3 * HOUR, attained=5 * HOUR, ran=2.5 * HOUR)
     snap = snapshot(NOW, {"node-0": 8}, basic_ones(6) + [wide, new])
-    acts = by_job(singularity_policy(snap))
+    acts = by_job(singularity_policy(snap, cfg))
     assert set(acts) == {"b-wide", "b-new"} and isinstance(acts["b-wide"], Resize)
     # only 1-device jobs: the one that loses least work (newest checkpoint) is preempted
     snap = snapshot(NOW, {"node-0": 8}, basic_ones(8) + [new])
-    actions = singularity_policy(snap)
+    actions = singularity_policy(snap, cfg)
     apply(snap, actions)
     acts = by_job(actions)
     assert set(acts) == {"b-7", "b-new"} and isinstance(acts["b-7"], Preempt)
@@ -125,7 +131,7 @@ def test_basic_jobs_with_far_more_service_are_shrunk_then_preempted_for_a_new_ba
     # a basic job that has waited past the aging horizon counts as standard: basic work cannot take it
     aged = [running(f"b-{i}", B, 1, {"node-0": (i,)}, submitted_at=NOW - 8 * HOUR, attained=2.5 * HOUR, ran=2.5 * HOUR)
             for i in range(8)]  # waited 5.5 h of its 8
-    assert singularity_policy(snapshot(NOW, {"node-0": 8}, aged + [new])) == []
+    assert singularity_policy(snapshot(NOW, {"node-0": 8}, aged + [new]), cfg) == []
 
 
 def test_aging_counts_waiting_time_not_time_in_the_system():
@@ -133,13 +139,13 @@ def test_aging_counts_waiting_time_not_time_in_the_system():
     ran_all = running("b", B, 8, {"node-0": tuple(range(8))}, submitted_at=NOW - 6 * HOUR, ran=6 * HOUR,
                       attained=48 * HOUR)
     snap = snapshot(NOW, {"node-0": 8}, [ran_all, waiting("p", P, 7, submitted_at=NOW)])
-    after = apply(snap, singularity_policy(snap))
+    after = apply(snap, singularity_policy(snap, PER_TIER))
     assert ndev(after["b"]) == 1
     # waited 5 h of its 6 (or unknown, ran_s None: 6 h in the system): treated as standard, half at most
     for ran in (1 * HOUR, None):
         waited = running("b", B, 8, {"node-0": tuple(range(8))}, submitted_at=NOW - 6 * HOUR, ran=ran)
         snap = snapshot(NOW, {"node-0": 8}, [waited, waiting("p", P, 2, submitted_at=NOW)])
-        after = apply(snap, singularity_policy(snap))
+        after = apply(snap, singularity_policy(snap, PER_TIER))
         assert ndev(after["b"]) == 4, ran
 
 

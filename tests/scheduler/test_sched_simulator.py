@@ -149,3 +149,23 @@ def test_moves_without_overhead_leave_jobs_running():
     # 100 s full, 200 s at half (100 s of work), protected until the wake-up at 720 s:
     # 420 s more at half (210 s), grows at 720 with 590 s of work left
     assert jct["j-0"] == pytest.approx(720.0 + 590.0)
+
+
+def test_simulator_views_equal_views_built_the_ordinary_way():
+    # the simulator builds running jobs' views without JobView.__init__ (speed): same fields
+    from dataclasses import fields
+
+    from backend.scheduler.types import JobView
+
+    seen = []
+    inner = make_policy("fifo", None, 30.0)
+
+    def policy(snap):
+        seen.extend(j for j in snap.jobs if j.state == JobState.RUNNING)
+        return inner(snap)
+
+    Simulator([job(0, 0.0, 1000.0, gpus=2), job(1, 100.0, 10.0, gpus=2)], 2, 2, 30.0, policy=policy).run()
+    v = seen[0]
+    ordinary = JobView(**{f.name: getattr(v, f.name) for f in fields(JobView)})
+    assert v == ordinary and vars(v).keys() == vars(ordinary).keys()
+    assert v.attained_s == pytest.approx(200.0) and v.ran_s == pytest.approx(100.0)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 from backend.scheduler.singularity import PolicyConfig, singularity_policy
 from backend.scheduler.synthetic import big_snapshot
@@ -13,6 +12,9 @@ from singularity_sdk.protocol import JobState
 
 NOW = 100_000.0
 HOUR = 3600.0
+#: the rules before tiers shared one least-attained-service pool: each tier alone, basic jobs
+#: shrinkable to one device (still available as knobs, and pinned here)
+PER_TIER = PolicyConfig(las_across=False, basic_min_fraction=0.0)
 
 
 def test_min_devices_per_tier():
@@ -22,7 +24,9 @@ def test_min_devices_per_tier():
     assert min_devices(S, 6, cfg) == 3
     assert min_devices(S, 3, cfg) == 3  # half of 3 rounds up to 2, which does not divide 3
     assert min_devices(S, 1, cfg) == 1
-    assert min_devices(B, 8, cfg) == 1
+    assert min_devices(B, 8, cfg) == 4  # basic shrinks to half as well
+    assert min_devices(B, 6, cfg) == 3
+    assert min_devices(B, 8, PER_TIER) == 1
 
 
 def test_premium_on_full_cluster_of_basic_shrinks_then_preempts_with_reasons():
@@ -35,7 +39,7 @@ def test_premium_on_full_cluster_of_basic_shrinks_then_preempts_with_reasons():
         waiting("p-1", P, 4, submitted_at=NOW - 5),
     ]
     snap = snapshot(NOW, {"node-0": 8}, jobs)
-    actions = singularity_policy(snap)
+    actions = singularity_policy(snap, PER_TIER)
     after = apply(snap, actions)
     acts = by_job(actions)
     # cheapest first: shrink the spliceable basic job as far as it goes (4 -> 1 frees 3), then
@@ -165,18 +169,21 @@ def test_work_conservation_grows_shrunk_jobs_and_starts_jobs_shrunk():
     # waiting work comes first: the idle devices go to the queued job, the shrunk one stays
     snap = snapshot(NOW, {"node-0": 8}, [shrunk, waiting("q", S, 4, submitted_at=NOW)])
     assert set(by_job(singularity_policy(snap))) == {"q"}
-    # a basic job starts on whatever is spare, shrunk, rather than wait
-    blocker = running("x", P, 6, {"node-0": tuple(range(6))}, submitted_at=NOW - HOUR)
+    # a basic job starts on whatever is spare, shrunk (to half at most), rather than wait
+    blocker = running("x", P, 4, {"node-0": tuple(range(4))}, submitted_at=NOW - HOUR)
     snap = snapshot(NOW, {"node-0": 8}, [blocker, waiting("b", B, 8, submitted_at=NOW)])
     acts = by_job(singularity_policy(snap))
-    assert ndev(acts["b"].placement) == 2 and "splicing factor 4" in acts["b"].reason
+    assert ndev(acts["b"].placement) == 4 and "splicing factor 2" in acts["b"].reason
+    blocker = running("x", P, 6, {"node-0": tuple(range(6))}, submitted_at=NOW - HOUR)
+    snap = snapshot(NOW, {"node-0": 8}, [blocker, waiting("b", B, 8, submitted_at=NOW)])
+    assert singularity_policy(snap) == [] and set(by_job(singularity_policy(snap, PER_TIER))) == {"b"}
     # growth that cannot pay for its stall is not done (job only 10 s old)
     young = running("s", S, 8, {"node-0": (0, 1, 2, 3)}, submitted_at=NOW - 10)
     assert singularity_policy(snapshot(NOW, {"node-0": 8}, [young])) == []
 
 
 def test_aging_lets_an_old_basic_job_take_devices_from_young_basic_jobs():
-    cfg = PolicyConfig(aging_horizon_s=4 * HOUR)
+    cfg = PolicyConfig(aging_horizon_s=4 * HOUR, las_across=False, basic_min_fraction=0.0)
     young = [running(f"b-{i}", B, 1, {"node-0": (i,)}, submitted_at=NOW - 60) for i in range(8)]
     snap = snapshot(NOW, {"node-0": 8}, young + [waiting("b-old", B, 1, submitted_at=NOW - 5 * HOUR)])
     acts = by_job(singularity_policy(snap, cfg))
@@ -224,7 +231,11 @@ def test_policy_is_pure_and_deterministic():
 
 def test_random_snapshots_keep_every_invariant():
     """Random small clusters: no double booking, tier limits and anti-thrash always hold."""
-    cfg = PolicyConfig()
+    for cfg in (PolicyConfig(), PER_TIER):
+        _check_random_snapshots(cfg)
+
+
+def _check_random_snapshots(cfg: PolicyConfig) -> None:
     rng = random.Random(7)
     for trial in range(150):
         snap = big_snapshot(n_jobs=rng.randint(5, 80), n_nodes=rng.randint(1, 6), per_node=rng.choice([4, 8]),
@@ -237,8 +248,12 @@ def test_random_snapshots_keep_every_invariant():
             j = views[a.job_id]
             moved = j.last_moved_at is not None and snap.now - j.last_moved_at < cfg.min_move_interval_s
             waited = snap.now - j.submitted_at - (j.ran_s or 0.0)
-            if isinstance(a, Preempt) and (j.sla == S or (j.sla == B and waited >= cfg.aging_horizon_s)):
+            standard = j.sla == S or (j.sla == B and waited >= cfg.aging_horizon_s)
+            if isinstance(a, Preempt) and standard and not cfg.las_across:
                 assert premium_placed, a  # standard work is preempted only for premium work
+            if isinstance(a, Preempt) and standard and not premium_placed:
+                # in one pool, a standard job is preempted for other work only by far less service
+                assert j.attained_s >= cfg.las_thresholds_s[cfg.las_take_gap - 1], a
             if isinstance(a, (Preempt, Migrate)) or (isinstance(a, Resize) and ndev(after[j.id]) < j.placed_devices):
                 assert j.sla != P, a
                 assert not moved, a
@@ -252,19 +267,14 @@ def test_random_snapshots_keep_every_invariant():
                 assert ndev(after[j.id]) >= min_devices(tier, j.gpus, cfg), a
 
 
-def test_round_with_10000_jobs_on_1000_nodes_is_fast():
+def test_round_with_10000_jobs_on_1000_nodes_is_valid():
+    # its speed is measured in bench/simulate.py, beside a Tiresias round on the same snapshot
     snap = big_snapshot(n_jobs=10_000, n_nodes=1_000)
-    singularity_policy(snap)  # warm caches
-    best = min(_timed(snap) for _ in range(3))
-    print(f"singularity round, 10,000 jobs on 1,000 nodes: {best * 1000:.1f} ms")
-    assert best < 1.0  # target is 100 ms on a 2-core machine; bench/simulate.py prints the number
-
-
-def _timed(snap) -> float:
-    t = time.perf_counter()
     actions = singularity_policy(snap)
-    assert actions
-    return time.perf_counter() - t
+    apply(snap, actions)
+    views = {j.id: j for j in snap.jobs}
+    assert any(isinstance(a, Place) for a in actions)
+    assert all(views[a.job_id].sla != P for a in actions if isinstance(a, Preempt))
 
 
 def test_unschedulable_nodes_get_no_new_work():
