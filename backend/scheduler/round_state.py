@@ -18,6 +18,7 @@ import numpy as np
 from singularity_sdk.protocol import SLA, JobState
 
 from .placement import FreeDevices, Placement
+from .quotas import over_quota
 from .tiers import RANK, PolicyConfig, min_devices
 from .types import Action, JobView, Migrate, Place, Preempt, Resize, Snapshot
 
@@ -121,6 +122,8 @@ class RoundState:
         self.actions: list[Action] = []
         #: job id -> devices held back for it this round (a starving job that did not fit)
         self.reserved: dict[str, Placement] = {}
+        #: jobs whose user is over a tier quota: the tier they run at this round
+        self.demoted = over_quota(snapshot.jobs, snapshot.quotas)
         self._read_jobs(snapshot.jobs)
         #: node index -> devices each category could free there (a view of ``las_cats``)
         self.cats = self.las_cats[0]
@@ -139,12 +142,14 @@ class RoundState:
         track: list[tuple[int, int, int, int]] = []  # (class, category, node, devices)
         jobs, waiting_jobs, shrunk, held_by = self.jobs, self.waiting, self.shrunk, self.held_by
         index, node_jobs = self.index, self.node_jobs
+        demoted = self.demoted
         for v in views:
             st = v.state
             waiting = st in WAITING
             if not waiting and st not in HOLDING:
                 continue
-            sla = v.sla
+            own = demoted.get(v.id, v.sla) if demoted else v.sla  # its tier within its user's quota
+            sla = own
             gpus = v.gpus
             ran = v.ran_s
             if ran is not None:
@@ -156,10 +161,10 @@ class RoundState:
                 waited = now - (v.last_moved_at if v.last_moved_at is not None else v.submitted_at)
             if sla == basic and aging >= horizon:
                 sla = standard  # aging (tiers module docstring)
-            sizes = mins.get((v.sla, sla, gpus))
+            sizes = mins.get((own, sla, gpus))
             if sizes is None:
                 floor = min_devices(sla, gpus, cfg)
-                sizes = mins[(v.sla, sla, gpus)] = (floor, min(floor, min_devices(v.sla, gpus, cfg)))
+                sizes = mins[(own, sla, gpus)] = (floor, min(floor, min_devices(own, gpus, cfg)))
             min_p, start_min = sizes if v.elastic else (gpus, gpus)
             # placements are replaced, never mutated, so the view's dict can be shared
             placement = {} if waiting else v.placement

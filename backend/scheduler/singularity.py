@@ -287,9 +287,12 @@ def _place_reason(job: RJob, placement: Placement, p: int, how: str, st: RoundSt
             f" spare devices nobody waiting could use ({job.sla} job)"
         )
     verb = "resumed" if job.view.state == JobState.PREEMPTED else "placed"
-    tier = str(job.sla)
-    if job.sla != job.view.sla:
-        tier = f"{job.view.sla} aged past {st.config.aging_horizon_s / 3600:g} h, treated as {job.sla}"
+    tier = str(job.view.sla)
+    own = st.demoted.get(job.id, job.view.sla)
+    if own != job.view.sla:
+        tier = f"{job.view.sla} over its user's {job.view.sla} quota, runs as {own}"
+    if job.sla != own:
+        tier += f" aged past {st.config.aging_horizon_s / 3600:g} h, treated as {job.sla}"
     size = f"{p} of {job.gpus} devices"
     if p < job.gpus:
         size += f" (shrunk, splicing factor {job.gpus // p}; grows back when devices free up)"

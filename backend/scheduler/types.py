@@ -63,6 +63,9 @@ class Snapshot:
     now: float
     nodes: tuple[NodeView, ...]
     jobs: tuple[JobView, ...]
+    #: (user, tier) -> most devices the user's jobs of that tier may hold at that tier; a job
+    #: beyond it runs one tier down (``quotas.py``). Absent: unlimited
+    quotas: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def queued(self) -> list[JobView]:
         """Jobs waiting for devices, oldest first."""
