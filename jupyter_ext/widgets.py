@@ -1,9 +1,8 @@
 """The live job widget: state badge, placement, progress, timeline, logs and controls.
 
-It draws a ``JobView`` and is fed by an ``EventFollower`` thread, so it keeps updating after the
-cell that created it has returned. Its buttons run in the kernel (comm messages), which means
-they act whenever the kernel is idle: always for a ``--no-wait`` cell, after the cell returns
-otherwise. Where widgets cannot render, the text part of its display bundle is a one-line
+It draws a ``JobView`` (with its training curve, ``chart.py``) and is fed by an ``EventFollower``
+thread, so it keeps updating after the cell that created it has returned. Its buttons run in the
+kernel (comm messages): while a cell waits, ``waiting.py`` keeps the kernel handling them. Where widgets cannot render, the text part of its display bundle is a one-line
 summary instead of ipywidgets' generic repr.
 """
 from __future__ import annotations

@@ -30,12 +30,13 @@ def jclient(jcluster):
 def ishell(jcluster):
     """An in-process IPython shell (no kernel, so text mode unless a test turns widgets on).
     Module-scoped: the environment it sets is restored before other test folders run."""
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing import globalipapp
 
     saved = {k: os.environ.get(k) for k in ("SINGULARITY_URL", "SINGULARITY_TOKEN", "SINGULARITY_NONINTERACTIVE")}
     os.environ["SINGULARITY_URL"], os.environ["SINGULARITY_TOKEN"] = jcluster.url, jcluster.token
     os.environ.pop("SINGULARITY_NONINTERACTIVE", None)
-    ip = start_ipython()
+    # The global shell is made once per process; a second module gets the same one.
+    ip = globalipapp.start_ipython() or globalipapp.get_ipython()
     ip.run_line_magic("load_ext", "jupyter_ext")
     yield ip
     ip.run_line_magic("unload_ext", "jupyter_ext")

@@ -177,7 +177,8 @@ def test_buttons_act_while_the_cell_runs(lab, browser, shots):
 
 def test_preempt_resume_resize_a_running_cell_with_its_curve(lab, browser, shots):
     """Cell 1 trains undisturbed; cell 2 trains the same while its widget preempts, resumes and
-    resizes it: the chart marks the preemption, and both cells end with the same value."""
+    resizes it: the chart marks the preemption, and both cells end with the same value. (The
+    embedded backend has 2 devices: the two runs take turns.)"""
     page = open_notebook(lab, browser, "resize", [f"%%singularity --gpus 2 --ranks 2 --name plain\n{DDP}",
                                                   f"%%singularity --gpus 2 --ranks 2 --name moved\n{SLOW_DDP}"])
     try:
@@ -200,9 +201,9 @@ def test_preempt_resume_resize_a_running_cell_with_its_curve(lab, browser, shots
         size = w.locator(".singularity-resize-to input")
         size.fill("1")
         size.press("Enter")
+        assert running(page, 2)
         click(page, "resize", index=2)
         timeline(page, "resized", timeout=120_000, index=2)
-        assert running(page, 2)
         assert result(page, 2) == reference  # exact after a preemption and a resize
         shoot(page, shots, "jupyter-browser-resize.png")
     except Exception:
