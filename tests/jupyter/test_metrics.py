@@ -92,3 +92,13 @@ def test_the_chart_marks_a_preemption(shell, jclient):
     finally:
         cancel_quietly(job)
     assert job.state == JobState.CANCELLED
+
+
+def test_text_output_ends_with_a_sparkline(shell, capsys):
+    cell = "for i in range(8):\n    print(f'step={i} loss={1 / (i + 1)} lr=0.1', flush=True)"
+    shell.run_cell_magic("singularity", "--name sparkline", cell)  # a plain shell: text output
+    assert re.search(r"loss [▁▂▃▄▅▆▇█]{8} 0\.125 @ step 7", capsys.readouterr().out)
+    shell.run_line_magic("singularity_config", "--print-metrics off")
+    shell.run_cell_magic("singularity", "--name no-sparkline", cell)
+    out = capsys.readouterr().out
+    assert "step=7 loss=0.125" in out and "@ step" not in out
