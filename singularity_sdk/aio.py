@@ -194,6 +194,12 @@ class AsyncClient(BaseClient):
     async def create_user(self, user: str) -> str:
         return (await self._post("/users", {"user": user}))["token"]
 
+    async def usage(self) -> list[dict[str, Any]]:
+        return await self._get("/usage")
+
+    async def set_quota(self, user: str, tier: str, devices: Optional[int]) -> dict[str, Any]:
+        return await self._post("/quotas", {"user": user, "tier": str(tier), "devices": devices})
+
     async def aclose(self) -> None:
         await self._http.aclose()
 

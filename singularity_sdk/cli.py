@@ -246,6 +246,29 @@ def cmd_user(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_usage(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        rows = c.usage()
+    if args.json:
+        _print_json(rows)
+        return 0
+    print(table(["user", "tier", "device-hours", "holding now", "quota", "jobs"],
+                [[r["user"], r["tier"], f"{r['device_hours']:.2f}", str(r["holding"]),
+                  "-" if r["quota"] is None else str(r["quota"]), str(r["jobs"])] for r in rows]))
+    return 0
+
+
+def cmd_quota(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        row = c.set_quota(args.user, args.tier, None if args.devices < 0 else args.devices)
+    if args.json:
+        _print_json(row)
+    else:
+        limit = "no limit" if row["devices"] is None else f"at most {row['devices']} devices"
+        print(f"{row['user']} {row['tier']}: {limit}")
+    return 0
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from backend.scheduler.simulator import run_args
 
@@ -394,6 +417,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_user)
+
+    s = add("usage", help="device-hours per user and tier, devices held now and quotas")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_usage)
+
+    s = add("quota", help="admin: the most devices of a tier a user may hold (beyond it: one tier down)")
+    s.add_argument("user")
+    s.add_argument("--tier", choices=["premium", "standard", "basic"], default="premium")
+    s.add_argument("--gpus", dest="devices", type=int, required=True, help="devices; -1 lifts the limit")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_quota)
 
     s = add("simulate", help="replay a job trace through the scheduling policies (simulated clock)")
     from backend.scheduler.simulator import add_arguments

@@ -210,6 +210,15 @@ class Client(BaseClient):
         """Admin only: create a user and return their token."""
         return self._post("/users", {"user": user})["token"]
 
+    def usage(self) -> list[dict[str, Any]]:
+        """Device-hours per user and tier, devices held now and quotas (the admin sees everyone)."""
+        return self._get("/usage")
+
+    def set_quota(self, user: str, tier: str, devices: Optional[int]) -> dict[str, Any]:
+        """Admin only: ``user`` may hold at most ``devices`` of ``tier`` (None: no limit); beyond
+        it their jobs of that tier run one tier down."""
+        return self._post("/quotas", {"user": user, "tier": str(tier), "devices": devices})
+
     def close(self) -> None:
         self._http.close()
 

@@ -212,6 +212,14 @@ class CreateUserRequest(Strict):
     user: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
 
 
+class QuotaRequest(Strict):
+    """``POST /api/v1/quotas`` (admin only): at most ``devices`` of ``tier`` for ``user`` (null: no limit)."""
+
+    user: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
+    tier: SLA
+    devices: Optional[int] = Field(None, ge=0, le=1_000_000)
+
+
 # --------------------------------------------------------------------------- read models
 
 

@@ -27,6 +27,7 @@ from singularity_sdk.protocol import (
     AgentHeartbeat,
     AgentHello,
     CreateUserRequest,
+    QuotaRequest,
     Event,
     JobAction,
     SubmitRequest,
@@ -223,6 +224,23 @@ class EnrollHandler(ApiHandler):
         self._handle(run)
 
 
+class UsageHandler(ApiHandler):
+    """``GET /usage``: device-hours per user and tier (the admin sees every user)."""
+
+    def get(self) -> None:
+        self._handle(lambda: self.send(self.service.usage(None if self.role == "admin" else self.user)))
+
+
+class QuotasHandler(ApiHandler):
+    """``POST /quotas`` (admin): ``{"user", "tier", "devices"}``; devices null lifts the limit."""
+
+    def post(self) -> None:
+        def run() -> None:
+            req = self.parse(QuotaRequest)
+            self.send(self.service.set_quota(self.role, req.user, req.tier.value, req.devices))
+        self._handle(run)
+
+
 class UsersHandler(ApiHandler):
     def post(self) -> None:
         def run() -> None:
@@ -413,6 +431,8 @@ def routes(service: Service, prefix: str = "") -> list[tuple[str, type, dict]]:
         (rf"{p}/nodes/([\w.-]+)/enroll", EnrollHandler, kw),
         (rf"{p}/nodes/([\w.-]+)/(\w+)", NodeActionHandler, kw),
         (rf"{p}/users", UsersHandler, kw),
+        (rf"{p}/usage", UsageHandler, kw),
+        (rf"{p}/quotas", QuotasHandler, kw),
         (rf"{p}/agents/ws", AgentSocket, kw),
     ]
 

@@ -53,7 +53,7 @@ class Scheduling:
                         placement=placement if JobState(row["state"]).holds_devices else {},
                         nodes=exact_nodes.allowed(exact_nodes.recorded(row), nodes_info, self.fingerprints))
             )
-        return Snapshot(now=now, nodes=nodes, jobs=tuple(jobs))
+        return Snapshot(now=now, nodes=nodes, jobs=tuple(jobs), quotas=self.quotas())
 
     def schedule_now(self) -> list[Action]:
         """One round: the policy's actions, applied in order.

@@ -41,6 +41,7 @@ from .hub import Hub
 from .moves import Moves
 from .scheduling import Policy, Scheduling, make_policy
 from .store import Store
+from .usage import Usage
 
 __all__ = ["AgentLink", "Service", "ServiceConfig", "ServiceError"]
 
@@ -49,7 +50,7 @@ log = logging.getLogger("singularity.server")
 OTHER_JOB = "(other)"
 
 
-class Service(AgentSide, Moves, Scheduling):
+class Service(AgentSide, Moves, Scheduling, Usage):
     def __init__(self, store: Store, config: ServiceConfig = ServiceConfig(), policy: Optional[Policy] = None):
         self.store = store
         self.config = config
