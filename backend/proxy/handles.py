@@ -5,6 +5,8 @@ of the job at all, so a restore may make them anew and stay exact:
 
 * a TensorBoard ``SummaryWriter`` is flushed when checkpointed and re-opened on restore on the
   same log folder (a new event file beside the old ones: TensorBoard reads them as one log);
+* a lock no thread holds is saved as a new lock, an ``Event`` as a new one in the same state,
+  wherever they are (an attribute of a trainer, a local of ``main()``);
 * locks, events, conditions, thread pools and loggers (modules in `PROGRESS_FREE_MODULES`) may
   be re-created by re-running the one statement that made them (state.py checks the statement).
 
@@ -13,6 +15,8 @@ Anything else that does not pickle is refused, with advice that names the attrib
 """
 from __future__ import annotations
 
+import pickle
+import threading
 from typing import Any, Callable, Optional
 
 #: an unpicklable value of a type from these modules holds no progress: its statement may be re-run
@@ -29,10 +33,45 @@ def progress_free(value: Any) -> bool:
 def reduce(obj: Any) -> Any:
     """A reduction that re-opens ``obj`` on restore, or NotImplemented."""
     cls = type(obj)
+    if cls is _LOCK or cls is _RLOCK:
+        if not _free(obj):
+            raise pickle.PicklingError(f"a {cls.__name__} held at the safe point cannot be saved")
+        return (_new_lock if cls is _LOCK else _new_rlock), ()  # a free lock has no other state
+    if cls is threading.Event:
+        return _event, (obj.is_set(),)
     if cls.__name__ == "SummaryWriter" and cls.__module__.startswith("torch.utils.tensorboard"):
         obj.flush()  # what was logged up to the checkpoint is on disk before it counts
         return _reopen_summary_writer, (cls, obj.log_dir, obj.max_queue, obj.flush_secs, obj.filename_suffix)
     return NotImplemented
+
+
+_LOCK = type(threading.Lock())
+_RLOCK = type(threading.RLock())
+
+
+def _free(lock: Any) -> bool:
+    """Whether no thread holds ``lock`` (an RLock this thread holds counts as held)."""
+    if getattr(lock, "_is_owned", lambda: False)():
+        return False
+    if not lock.acquire(blocking=False):
+        return False
+    lock.release()
+    return True
+
+
+def _new_lock() -> Any:
+    return threading.Lock()
+
+
+def _new_rlock() -> Any:
+    return threading.RLock()
+
+
+def _event(is_set: bool) -> threading.Event:
+    event = threading.Event()
+    if is_set:
+        event.set()
+    return event
 
 
 def _reopen_summary_writer(cls: type, log_dir: str, max_queue: int, flush_secs: int, suffix: str) -> Any:

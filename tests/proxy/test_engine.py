@@ -1,6 +1,7 @@
 """In-process tests of the engine: semantics preserved, events, failures, restores."""
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import io
 import linecache
@@ -360,10 +361,10 @@ for x in it:
 def test_rebuild_is_refused_when_the_creating_statement_read_a_changed_name(tmp_path):
     events = []
     src = """
-import threading
-kind = threading.Lock
-lock = kind()
-kind = threading.RLock
+import concurrent.futures
+kind = concurrent.futures.ThreadPoolExecutor
+pool = kind(1)
+kind = concurrent.futures.ProcessPoolExecutor
 for i in range(3):
     print(i)
 """
@@ -372,7 +373,7 @@ for i in range(3):
     out, _, preempted, _ = run_engine(ResumableProgram.from_source(src), ctl)
     assert preempted is None
     failed = [d for k, d in events if k == "checkpoint_failed"]
-    assert failed and failed[0]["variables"] == [["lock", "lock"]]
+    assert failed and failed[0]["variables"] == [["pool", "ThreadPoolExecutor"]]
 
 
 def test_generator_with_interleaved_random_draws_refuses_to_resume(tmp_path):
@@ -485,26 +486,23 @@ def test_callable_semantics_and_resume(tmp_path):
     assert resumer.last_restore is not None and resumer.last_restore["step"] == 3
 
 
-def test_callable_local_lock_is_rebuilt(tmp_path):
-    import threading
-
+def test_callable_local_thread_pool_is_rebuilt(tmp_path):
     def job(n):
-        lock = threading.Lock()
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         acc = []
         for i in range(n):
-            with lock:
-                acc.append(i * i)
-        return acc, lock.locked(), type(lock).__name__
+            acc.append(pool.submit(pow, i, 2).result())
+        return acc, type(pool).__name__
 
     events = []
     ctl = Controller(_store(tmp_path), on_event=lambda k, d: events.append((k, d)))
     ctl.checkpoint_at_step(5, "stop")
     _, _, preempted, _ = run_engine(_callable_program(job, 6), ctl)
     assert preempted is not None
-    assert [d["rebuilt"] for k, d in events if k == "checkpointed"] == [["lock"]]
+    assert [d["rebuilt"] for k, d in events if k == "checkpointed"] == [["pool"]]
     _, result, _, _ = run_engine(_callable_program(job, 6), Controller(_store(tmp_path)),
                                  restore=preempted.checkpoint)
-    assert result == ([0, 1, 4, 9, 16, 25], False, "lock")
+    assert result == ([0, 1, 4, 9, 16, 25], "ThreadPoolExecutor")
 
 
 def test_method_callable_and_attached_source(tmp_path):

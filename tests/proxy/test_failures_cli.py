@@ -17,7 +17,7 @@ def _loop_steps(trace, line):
 def test_unsaveable_variables_fail_the_checkpoint_but_not_the_program(launcher, tmp_path):
     target = [str(SCRIPTS / "unsaveable.py")]
     base, trace = trace_of(launcher, target, tmp_path)
-    phase1 = _loop_steps(trace, 16)
+    phase1 = _loop_steps(trace, 17)
     run = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "ck1"), "--stop-at-step", str(phase1[2])])
     assert run.rc == 0, run.describe()
     assert run.stdout == base.stdout
@@ -25,18 +25,18 @@ def test_unsaveable_variables_fail_the_checkpoint_but_not_the_program(launcher, 
     assert len(failed) == 1 and not run.events("checkpointed")
     assert ["sock", "socket"] in failed[0]["variables"]
     assert ["numbers", "generator"] in failed[0]["variables"]
-    assert "line 16" in failed[0]["error"] and "`sock`" in failed[0]["error"]
+    assert "line 17" in failed[0]["error"] and "`sock`" in failed[0]["error"]
     assert not list((tmp_path / "ck1").glob("ckpt-*"))
 
 
-def test_unpicklable_lock_is_rebuilt_by_rerunning_its_statement(launcher, tmp_path):
+def test_unpicklable_thread_pool_is_rebuilt_by_rerunning_its_statement(launcher, tmp_path):
     target = [str(SCRIPTS / "unsaveable.py")]
     base, trace = trace_of(launcher, target, tmp_path)
-    stop = _loop_steps(trace, 25)[3]
+    stop = _loop_steps(trace, 26)[3]
     out, runs = run_chain(launcher, target, [stop], tmp_path / "ck")
     assert out == base.stdout
     done = [d for _, d in runs[0].events("checkpointed")]
-    assert done and done[0]["rebuilt"] == ["lock"]
+    assert done and done[0]["rebuilt"] == ["pool"]
 
 
 def test_kill_during_checkpoint_write_keeps_previous_checkpoint(launcher, tmp_path):

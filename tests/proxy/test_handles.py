@@ -4,6 +4,7 @@ the attribute, never re-created from its statement (which would restart its prog
 from __future__ import annotations
 
 import socket
+import threading
 import textwrap
 from pathlib import Path
 
@@ -75,6 +76,7 @@ def test_summary_writer_is_reopened_on_the_same_log(launcher, tmp_path, seed):
 
 SOCKET_HOLDER = """
 import socket
+import threading
 
 class Client:
     def __init__(self):
@@ -92,7 +94,10 @@ c.sock.close()
 def test_an_object_holding_a_socket_is_refused_with_advice_naming_the_attribute(launcher, tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(SOCKET_HOLDER))
-    run = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / "ck"), "--stop-at-step", "5"])
+    _, trace = trace_of(launcher, [str(script)], tmp_path)
+    first_loop_step = next(t["step"] for t in trace if t["kind"] == "loop")
+    run = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / "ck"), "--stop-at-step",
+                        str(first_loop_step)])
     assert run.rc == 0, run.describe()  # refused: it runs on to the end instead of stopping
     assert run.stdout.splitlines()[-1] == "3 4"
     failed = [d for _, d in run.events("checkpoint_failed")]
@@ -115,9 +120,53 @@ def test_progress_free_types_and_explanations():
 
 
 def test_a_stop_request_on_refused_state_keeps_the_program_running(launcher, tmp_path):
-    """The same socket holder with a stop requested at every safe point in turn: never a stop."""
+    """The same socket holder with a stop requested at its loop's safe points: never a stop."""
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(SOCKET_HOLDER))
-    for step in (3, 6):
+    _, trace = trace_of(launcher, [str(script)], tmp_path)
+    for step in [t["step"] for t in trace if t["kind"] == "loop"][::2]:
         run = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / f"ck{step}"), "--stop-at-step", str(step)])
         assert run.rc != EXIT_PREEMPTED and run.rc == 0, run.describe()
+
+
+def test_free_locks_and_events_are_saved_wherever_they_are(tmp_path):
+    """A trainer holding a lock and an event (not progress-free as a whole, so never rebuilt)
+    resumes exactly; a lock held at the safe point is refused, naming it."""
+    from test_training_state import assert_exact_in_process
+
+    src = """
+import threading
+
+class Trainer:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.ready = threading.Event()
+        self.seen = 0
+
+    def fit(self, n):
+        total = 0
+        for i in range(n):
+            with self.lock:
+                self.seen += 1
+                total += i * self.seen
+            if i == 2:
+                self.ready.set()
+            print(i, total, self.ready.is_set(), self.lock.locked())
+        return total
+
+def main():
+    guard = threading.RLock()
+    t = Trainer()
+    for epoch in range(2):
+        with guard:
+            pass
+        print("epoch", epoch, t.fit(4))
+
+main()
+"""
+    for seed in (3, 9):
+        assert_exact_in_process(src, tmp_path / str(seed), seed, stops=3)
+    lock = threading.Lock()
+    with lock:
+        assert "held at the safe point" in (probe(lock) or "")
+    assert probe(lock) is None

@@ -2,11 +2,12 @@
 
 Phase 1 iterates a generator created before its loop (hidden state) and opens a socket inside
 the loop (so no single earlier statement can rebuild it): a checkpoint there must fail naming
-both, and the program carries on.  Phase 2 holds a lock created by one top-level statement that
-nothing reassigns: it is rebuilt on restore by re-running that statement.
+both, and the program carries on.  Phase 2 holds a thread pool (no progress of its own, and not
+picklable) created by one top-level statement that nothing reassigns: it is rebuilt on restore
+by re-running that statement.
 """
+import concurrent.futures
 import socket
-import threading
 
 import torch
 
@@ -20,10 +21,10 @@ for n in numbers:
 sock.close()
 del sock, numbers
 
-lock = threading.Lock()
+pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
 total = 0
 for i in range(6):
-    with lock:
-        total += i
+    total += pool.submit(abs, -i).result()
     print("phase2", i, total, torch.rand(1).item())
-print("locked?", lock.locked(), type(lock).__name__)
+print("pool", type(pool).__name__)
+pool.shutdown()
