@@ -25,9 +25,10 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from singularity_sdk.protocol import JobState
+from singularity_sdk.protocol import SLA, JobState
 
 from .baselines import SRTFPolicy, TiresiasPolicy, fifo_backfill_policy, fifo_gang_policy
 from .metrics import Finished, SimReport, format_report, summarize
@@ -155,6 +156,12 @@ class Simulator:
         self._wakes: set[float] = set()
         self.policy: Optional[Policy] = None
         self.wake_after_move_s: Optional[float] = None
+        #: devices held per tier now, and (time, premium, standard, basic) after every round
+        #: that changed them: the occupancy curves of ``--plot``
+        self.by_tier = {SLA.PREMIUM: 0, SLA.STANDARD: 0, SLA.BASIC: 0}
+        self.occupancy: list[tuple[float, int, int, int]] = []
+        #: called as ``progress(jobs finished, jobs in the trace)`` after every round
+        self.progress: Optional[Callable[[int, int], None]] = None
         if policy is not None:
             self.set_policy(policy)
 
@@ -196,6 +203,9 @@ class Simulator:
                 ai += 1
             if self.active:
                 self._round()
+        self.occupancy.append((self.now, 0, 0, 0))
+        if self.progress is not None:
+            self.progress(len(self.finished), len(self.trace))
         if self.active:
             stuck = ", ".join(list(self.active)[:5])
             raise RuntimeError(f"simulation ended with {len(self.active)} jobs never finished ({stuck} ...)")
@@ -317,6 +327,12 @@ class Simulator:
         self.rounds += 1
         for a in actions:
             self._apply(a)
+        b = self.by_tier
+        sample = (self.now, b[SLA.PREMIUM], b[SLA.STANDARD], b[SLA.BASIC])
+        if not self.occupancy or self.occupancy[-1][1:] != sample[1:]:
+            self.occupancy.append(sample)
+        if self.progress is not None:
+            self.progress(len(self.finished), len(self.trace))
         if not 0 <= self.allocated <= self.capacity:
             raise AssertionError(f"{self.allocated} devices allocated of {self.capacity}")
 
@@ -420,6 +436,7 @@ class Simulator:
         job.placement = {n: tuple(d) for n, d in placement.items()}
         job.held = sum(len(d) for d in placement.values())
         self.allocated += job.held
+        self.by_tier[job.sla] += job.held
 
     def _release(self, job: SimJob) -> None:
         for node, devs in job.placement.items():
@@ -429,6 +446,7 @@ class Simulator:
                     raise AssertionError(f"{job.id} released device {d} of {node} it did not hold")
             self._node_views.pop(node, None)
         self.allocated -= job.held
+        self.by_tier[job.sla] -= job.held
         job.placement = {}
         job.held = 0
 
@@ -460,9 +478,31 @@ def simulate(
     seed: int = 0,
 ) -> SimReport:
     """Run one named policy over ``jobs`` and return its report."""
+    return run_policy(jobs, policy, gpus, gpus_per_node, overhead_s, seed)[0]
+
+
+def run_policy(
+    jobs: Sequence[TraceJob],
+    policy: str,
+    gpus: int = 256,
+    gpus_per_node: int = 8,
+    overhead_s: float = 30.0,
+    seed: int = 0,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> tuple[SimReport, Simulator]:
+    """Run one named policy; the report and the simulator (its finished jobs and occupancy)."""
     sim = Simulator(jobs, gpus, gpus_per_node, overhead_s, policy_name=policy, seed=seed)
     sim.set_policy(make_policy(policy, sim, overhead_s))
-    return sim.run()
+    sim.progress = progress
+    return sim.run(), sim
+
+
+def _policy_list(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in names if p not in POLICIES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown policy {', '.join(bad) or text!r}; choose from {', '.join(POLICIES)}")
+    return names
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -470,19 +510,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", metavar="TRACE", help="CSV with submit_s,duration_s,num_gpus,vc")
     parser.add_argument("--gpus", type=int, default=256, help="devices in the cluster (default 256)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="devices per node (default 8)")
-    parser.add_argument("--policy", choices=POLICIES, default="singularity")
+    parser.add_argument("--policy", type=_policy_list, default=["singularity"],
+                        help=f"one or more, comma-separated: {', '.join(POLICIES)}")
     parser.add_argument("--overhead-s", type=float, default=30.0, help="cost of each preemption/migration/resize")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tier assignment")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--json", action="store_true", help="print the report(s) as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw the JCT CDF of each policy and the occupancy "
+                                                          "per tier over time (needs matplotlib)")
+    bar = parser.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None,
+                     help="show a progress bar (default: when stderr is a terminal)")
+    bar.add_argument("--no-progress", dest="progress", action="store_false")
 
 
 def run_args(args: argparse.Namespace) -> int:
+    from .progress import ProgressBar
+
     jobs = load_trace(args.trace, seed=args.seed)
-    report = simulate(jobs, args.policy, args.gpus, args.gpus_per_node, args.overhead_s, args.seed)
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    runs: list[tuple[SimReport, Simulator]] = []
+    for name in args.policy:
+        bar = ProgressBar(f"{name} on {args.gpus} GPUs", after_s=1.0 if args.progress is None else 0.0) \
+            if show else None
+        try:
+            runs.append(run_policy(jobs, name, args.gpus, args.gpus_per_node, args.overhead_s, args.seed, bar))
+        finally:
+            if bar is not None:
+                bar.close()
     if args.json:
-        print(json.dumps(_finite(report.to_dict()), indent=2))
+        dicts = [_finite(r.to_dict()) for r, _ in runs]
+        print(json.dumps(dicts[0] if len(dicts) == 1 else dicts, indent=2))
     else:
-        print(format_report(report))
+        print("\n\n".join(format_report(r) for r, _ in runs))
+    if args.plot:
+        from .plot import plot_runs
+
+        plot_runs([(r.policy, sim.finished, sim.occupancy, sim.capacity) for r, sim in runs], args.plot,
+                  title=f"{Path(args.trace).name}, {args.gpus} GPUs, X = {args.overhead_s:g} s")
+        print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
 
 
@@ -496,7 +561,8 @@ def _finite(obj):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``simulate TRACE [--gpus N] [--gpus-per-node 8] [--policy P] [--overhead-s X] [--seed S] [--json]``."""
+    """``simulate TRACE [--gpus N] [--gpus-per-node 8] [--policy P[,P...]] [--overhead-s X] [--seed S]
+    [--json] [--plot FILE.png] [--progress | --no-progress]``."""
     parser = argparse.ArgumentParser(prog="simulate", description="Replay a job trace through a scheduling policy.")
     add_arguments(parser)
     return run_args(parser.parse_args(argv))

@@ -169,3 +169,25 @@ def test_simulator_views_equal_views_built_the_ordinary_way():
     ordinary = JobView(**{f.name: getattr(v, f.name) for f in fields(JobView)})
     assert v == ordinary and vars(v).keys() == vars(ordinary).keys()
     assert v.attained_s == pytest.approx(200.0) and v.ran_s == pytest.approx(100.0)
+
+
+def test_cli_runs_several_policies_with_a_progress_bar_and_a_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    trace = tmp_path / "t.csv"
+    trace.write_text("submit_s,duration_s,num_gpus,vc\n0,3600,1,a\n10,7200,4,b\n20,600,2,a\n30,100,1,c\n400,5000,8,b\n")
+    png = tmp_path / "out.png"
+    args = [str(trace), "--gpus", "8", "--policy", "singularity,tiresias", "--plot", str(png), "--progress"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "policy singularity: 5 jobs" in captured.out and "policy tiresias: 5 jobs" in captured.out
+    assert "100% 5/5 jobs done" in captured.err  # the bar ends full
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    assert main([str(trace), "--gpus", "8", "--policy", "fifo,srtf", "--json", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert [r["policy"] for r in json.loads(captured.out)] == ["fifo", "srtf"] and captured.err == ""
+
+
+def test_occupancy_follows_the_devices_each_tier_holds():
+    jobs = [job(0, 0.0, 100.0, gpus=2, sla=P), job(1, 0.0, 300.0, gpus=4, sla=B), job(2, 50.0, 100.0, gpus=1, sla=S)]
+    _, _, sim = run(jobs, "fifo", gpus=8)
+    assert sim.occupancy == [(0.0, 2, 0, 4), (50.0, 2, 1, 4), (100.0, 0, 1, 4), (150.0, 0, 0, 4), (300.0, 0, 0, 0)]
