@@ -31,7 +31,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     run(args.home, args.host, args.port, args.nodes, args.devices_per_node, args.store, args.checkpoint_every,
         args.node_timeout, args.policy, args.min_move_interval, args.move_cost,
-        checkpoint_timeout=args.checkpoint_timeout, tls_cert=args.tls_cert, tls_key=args.tls_key, ca=args.ca)
+        checkpoint_timeout=args.checkpoint_timeout, tls_cert=args.tls_cert, tls_key=args.tls_key, ca=args.ca,
+        ray_address=args.ray)
     return 0
 
 
@@ -231,8 +232,8 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     for n in nodes:
         devs = " ".join(f"{d.index}:{n.used.get(d.index, '-')}" for d in n.devices)
         kinds = ",".join(sorted({d.kind for d in n.devices}))
-        rows.append([n.name, n.state.value, f"{len(n.devices)} {kinds}", devs])
-    print(table(["node", "state", "devices", "in use (device:job)"], rows))
+        rows.append([n.name, n.state.value, f"{len(n.devices)} {kinds}", n.address or "-", devs])
+    print(table(["node", "state", "devices", "address", "in use (device:job)"], rows))
     return 0
 
 
@@ -319,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ca", default=None, metavar="PEM",
                    help="the CA that signed --tls-cert, for clients and local agents (default: the certificate "
                         "itself, as for a self-signed one); written to server.json")
+    s.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="run one node agent per Ray node with GPUs ('auto', or HOST:PORT as for ray.init); "
+                        "needs the ray extra: pip install 'singularity-notebooks[ray]'")
     s.set_defaults(fn=cmd_serve)
 
     add("agent", help="run a node agent (see 'singularityctl agent --help')", add_help=False)

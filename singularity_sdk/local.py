@@ -29,7 +29,10 @@ class LocalCluster:
                  checkpoint_every: Optional[float] = None, policy: Optional[str] = None,
                  min_move_interval: Optional[float] = None, move_cost: Optional[float] = None,
                  checkpoint_timeout: Optional[float] = None, tls_cert: Optional[Path] = None,
-                 tls_key: Optional[Path] = None):
+                 tls_key: Optional[Path] = None, ray: Optional[str] = None):
+        #: with ``ray`` (an address as for ``ray.init``), agents run on the Ray cluster's GPU
+        #: nodes instead of locally, and ``nodes`` is how many of them to wait for
+        self.ray = ray
         self.nodes = nodes
         self.devices_per_node = devices_per_node
         self._own_home = home is None
@@ -54,6 +57,8 @@ class LocalCluster:
             self.extra_args += ["--checkpoint-timeout", str(checkpoint_timeout)]
         if tls_cert is not None and tls_key is not None:
             self.extra_args += ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]
+        if ray is not None:
+            self.extra_args += ["--ray", ray]
         self.proc: Optional[subprocess.Popen] = None
         self.url = ""
         self.token = ""
@@ -67,7 +72,7 @@ class LocalCluster:
         server_json = self.home / "server.json"
         server_json.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "singularity_sdk.cli", "serve", "--home", str(self.home), "--port",
-               str(self.port), "--nodes", str(self.nodes), "--devices-per-node", str(self.devices_per_node),
+               str(self.port), "--nodes", str(0 if self.ray else self.nodes), "--devices-per-node", str(self.devices_per_node),
                *self.extra_args]
         env = {**os.environ, "SINGULARITY_HOME": str(self.home), **self.env}
         self.home.mkdir(parents=True, exist_ok=True)

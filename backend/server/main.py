@@ -151,7 +151,7 @@ def stop_local_agents(home: Path, pids: list[int], timeout: float = 10.0) -> Non
 async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int = 0,
                 devices_per_node: Optional[int] = None, config: ServiceConfig = ServiceConfig(),
                 store_url: Optional[str] = None, tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
-                ca: Optional[str] = None) -> None:
+                ca: Optional[str] = None, ray_address: Optional[str] = None) -> None:
     # The service's own files (state.db, logs, checkpoints) are the owner's only; jobs get the
     # umask serve was started with (backend/agent/sandbox.py).
     os.environ.setdefault(JOB_UMASK_ENV, f"{os.umask(0o077):03o}")
@@ -180,6 +180,14 @@ async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int =
     log.info("serving on %s (home %s)", url, home)
     agent_pids = start_local_agents(home, url, store, nodes, devices_per_node, store_url,
                                     str(Path(ca).resolve()) if ca else None) if nodes else []
+    ray_placer, ray_task = None, None
+    if ray_address:  # Ray is imported only on this path (an optional extra)
+        from backend.ray_cluster.loop import keep_agents
+        from backend.ray_cluster.placer import RayPlacer
+
+        ray_placer = RayPlacer(ray_address, url, store_url, str(Path(ca).resolve()) if ca else None)
+        await asyncio.to_thread(ray_placer.connect)
+        ray_task = asyncio.create_task(keep_agents(ray_placer, lambda name: store.issue_token(node_user(name), NODE_ROLE)))
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -207,6 +215,9 @@ async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int =
             pass
     server.stop()
     await asyncio.sleep(0.1)
+    if ray_placer is not None:
+        ray_task.cancel()
+        await asyncio.to_thread(ray_placer.close)
     if agent_pids:
         await asyncio.to_thread(stop_local_agents, home, agent_pids)
     (home / "server.json").unlink(missing_ok=True)
@@ -226,7 +237,7 @@ def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node
         min_move_interval: float = ServiceConfig.min_move_interval_s,
         move_cost: float = ServiceConfig.move_cost_s,
         checkpoint_timeout: float = ServiceConfig.checkpoint_timeout_s, tls_cert: Optional[str] = None,
-        tls_key: Optional[str] = None, ca: Optional[str] = None) -> None:
+        tls_key: Optional[str] = None, ca: Optional[str] = None, ray_address: Optional[str] = None) -> None:
     home = Path(home) if home else default_home()
     if checkpoint_every is None:  # not given: the cluster default; 0 turns periodic checkpoints off
         checkpoint_every = ServiceConfig.checkpoint_every
@@ -237,4 +248,4 @@ def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node
     config = ServiceConfig(checkpoint_every=checkpoint_every, node_timeout_s=node_timeout, policy=policy,
                            min_move_interval_s=min_move_interval, move_cost_s=move_cost,
                            checkpoint_timeout_s=checkpoint_timeout)
-    asyncio.run(serve(home, host, port, nodes, devices_per_node, config, store, tls_cert, tls_key, ca))
+    asyncio.run(serve(home, host, port, nodes, devices_per_node, config, store, tls_cert, tls_key, ca, ray_address))
