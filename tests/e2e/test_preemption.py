@@ -15,6 +15,7 @@ CASES = {
     "dataloader-w0": ("dataloader_train.py", {"LOADER_WORKERS": "0"}),
     "dataloader-w2": ("dataloader_train.py", {"LOADER_WORKERS": "2"}),
     "while-rng": ("while_rng.py", {}),
+    "steady-long": ("steady_rng.py", {"STEPS": "200"}),  # ~10 s: outlives checkpoints written behind it
     "defined-things": ("defined_things.py", {}),
 }
 
@@ -142,9 +143,10 @@ def test_preempt_and_resume_in_wrong_states_are_conflicts(client):
 
 
 def test_worker_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(client, reference):
-    expected_lines, expected_result = reference("while-rng")
-    env = {"SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE": "1.5"}
-    job = client.submit(source("while_rng.py"), env=env, name="killed-mid-write")
+    expected_lines, expected_result = reference("steady-long")
+    # every write sleeps half-way; the job runs on meanwhile (checkpoints are written behind it)
+    env = {"SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE": "1.5", **CASES["steady-long"][1]}
+    job = client.submit(source("steady_rng.py"), env=env, name="killed-mid-write")
     wait_for_lines(job, 5)
     job.checkpoint(timeout=60)  # a good one (slow, because of the hook)
     pid = next(int(p) for e in job.events(follow=False) if e.type == EventType.STARTED for p in e.data["pids"].values())
