@@ -55,7 +55,11 @@ class BackendInfo:
 
 class BackendManager:
     def __init__(self, *, url: str = "", token: str = "", home: str = "", nodes: int = 1,
-                 devices_per_node: int = 0, start_timeout: float = 60.0, log: Optional[logging.Logger] = None):
+                 devices_per_node: int = 0, start_timeout: float = 60.0, log: Optional[logging.Logger] = None,
+                 ray: str = "", store: str = ""):
+        #: a Ray address: agents run on the Ray cluster's GPU nodes instead of locally
+        self.ray = ray
+        self.store = store
         self.url = url
         self.token = token
         self.home = Path(home).expanduser() if home else None
@@ -97,7 +101,11 @@ class BackendManager:
         (home / "logs").mkdir(parents=True, exist_ok=True)
         (home / "server.json").unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "singularity_sdk.cli", "serve", "--home", str(home), "--port", str(self._port),
-               "--nodes", str(self.nodes)]
+               "--nodes", str(0 if self.ray else self.nodes)]
+        if self.ray:
+            cmd += ["--ray", self.ray]
+        if self.store:
+            cmd += ["--store", self.store]
         if self.devices_per_node:
             cmd += ["--devices-per-node", str(self.devices_per_node)]
         env = {**os.environ, "SINGULARITY_HOME": str(home)}

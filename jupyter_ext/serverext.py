@@ -44,6 +44,9 @@ class SingularityApp(ExtensionApp):
     home = Unicode("", config=True, help="SINGULARITY_HOME of the embedded backend (default: ~/.singularity).")
     nodes = Int(1, config=True, help="Local node agents the embedded backend starts.")
     devices_per_node = Int(0, config=True, help="CPU slots per local node where there is no GPU (0: the agent's default).")
+    ray = Unicode("", config=True, help="Run the embedded backend's node agents on this Ray cluster ('auto' or "
+                  "HOST:PORT, as `singularityctl serve --ray`) instead of local ones; needs the ray extra.")
+    store = Unicode("", config=True, help="Checkpoint store URL (fsspec) for nodes that share no filesystem.")
     start_timeout = Float(60.0, config=True, help="Seconds to wait for the embedded backend to come up.")
     watch_interval = Float(5.0, config=True, help="Seconds between checks that the embedded backend is alive (0: never).")
     stop_backend = Bool(True, config=True, help="Stop the backend this server started when it shuts down.")
@@ -54,7 +57,7 @@ class SingularityApp(ExtensionApp):
     def initialize_settings(self) -> None:
         self.manager = BackendManager(url=self.url, token=self.token, home=self.home, nodes=self.nodes,
                                       devices_per_node=self.devices_per_node, start_timeout=self.start_timeout,
-                                      log=self.log)
+                                      log=self.log, ray=self.ray, store=self.store)
         self.manager.start()
         self.manager.export_env()
         self.settings["singularity_manager"] = self.manager

@@ -72,6 +72,18 @@ class RayPlacer:
                         del self.placed[node_id]
         return [n for node_id, n in alive.items() if node_id not in self.placed]
 
+    def draining(self) -> list[str]:
+        """Agents whose Ray node is being drained (a KubeRay scale-down, ``ray start`` stopped
+        with SIGTERM, a preemption notice), so their jobs can move before the node goes."""
+        import ray
+
+        try:  # no public API tells a driver which nodes drain; the GCS's own table does
+            ids = ray._private.state.state.get_draining_nodes()
+        except Exception:
+            log.debug("cannot read Ray's draining nodes", exc_info=True)
+            return []
+        return [p.node.name for node_id, p in self.placed.items() if node_id in ids]
+
     def place(self, node: RayNode, credential: str) -> None:
         """Create the node's actor, pinned to it and holding all its GPUs, and start its agent."""
         import ray

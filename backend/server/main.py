@@ -187,7 +187,8 @@ async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int =
 
         ray_placer = RayPlacer(ray_address, url, store_url, str(Path(ca).resolve()) if ca else None)
         await asyncio.to_thread(ray_placer.connect)
-        ray_task = asyncio.create_task(keep_agents(ray_placer, lambda name: store.issue_token(node_user(name), NODE_ROLE)))
+        ray_task = asyncio.create_task(keep_agents(ray_placer, lambda name: store.issue_token(node_user(name), NODE_ROLE),
+                                                   lambda name: service.drain(ADMIN_ROLE, name)))
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -117,15 +117,59 @@ def test_a_job_migrates_between_ray_nodes_exactly_through_the_store(served, tmp_
         assert ck and "store" in ck[-1].data["store_path"]
 
 
-def test_a_removed_ray_node_is_lost_and_its_job_resumes_elsewhere_exactly(served, ray_cluster):
-    code = source("steady_rng.py")
+def test_a_node_added_later_gets_an_agent_and_takes_work(served, ray_cluster):
+    known = set(_ray_ids(ray_cluster))
+    ray_cluster.add_node(**NODE_ARGS)
+    new = (set(_ray_ids(ray_cluster)) - known).pop()
     with served.client() as c:
-        plain = c.submit(code, name="plain", env={"STEPS": "80"})
-        assert plain.wait(120) == JobState.SUCCEEDED
-        job = c.submit(code, name="survivor", env={"STEPS": "80"})
-        for ev in job.events():
-            if ev.type == EventType.CHECKPOINTED and ev.data.get("store_path"):
-                break
+        _wait(lambda: new in _ready(c), f"an agent on the new node {new}")
+        jobs = [c.submit(source("steady_rng.py"), gpus=2, name=f"fills-{i}", env={"STEPS": "100000"})
+                for i in range(3)]
+        for job in jobs:  # three whole-node jobs on three nodes: one of them runs on the new one
+            wait_for_lines(job, 1)
+        assert {job.refresh().placement[0].node for job in jobs} == set(_ray_ids(ray_cluster))
+        for job in jobs:
+            job.cancel()
+        for job in jobs:
+            job.wait(60)
+
+
+def _running_with_a_stored_checkpoint(c, name: str, steps: int = 80):
+    plain = c.submit(source("steady_rng.py"), name=f"{name}-plain", env={"STEPS": str(steps)})
+    assert plain.wait(120) == JobState.SUCCEEDED
+    job = c.submit(source("steady_rng.py"), name=name, env={"STEPS": str(steps)})
+    for ev in job.events():
+        if ev.type == EventType.CHECKPOINTED and ev.data.get("store_path"):
+            break
+    return plain, job
+
+
+def test_a_ray_node_drained_gracefully_moves_its_jobs_before_it_goes(served, ray_cluster):
+    from ray.core.generated import autoscaler_pb2
+
+    with served.client() as c:
+        plain, job = _running_with_a_stored_checkpoint(c, "drained")
+        node = job.refresh().placement[0].node
+        ray_node = next(n for n in ray_cluster.worker_nodes if node_name(n.node_id) == node)
+        # What KubeRay's scale-down or a preemption notice does: tell Ray the node is going.
+        accepted, why = ray_cluster.head_node.get_gcs_client().drain_node(
+            ray_node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+            "test: the node is going", int(time.time() * 1000) + 120_000)
+        assert accepted, why
+        _wait(lambda: (i := job.refresh()).state == JobState.RUNNING and i.placement[0].node != node,
+              "the job to move off the draining node")
+        assert {n.name: n.state.value for n in c.nodes()}[node] == "draining"
+        ray_cluster.remove_node(ray_node)
+        assert job.wait(180) == JobState.SUCCEEDED
+        events = list(job.events(follow=False))
+        assert any(e.type == EventType.MIGRATED for e in events)
+        assert not any(e.type == EventType.NODE_LOST for e in events), "moved before the node went"
+        assert stdout_lines(job) == stdout_lines(plain) and job.result() == plain.result()
+
+
+def test_a_removed_ray_node_is_lost_and_its_job_resumes_elsewhere_exactly(served, ray_cluster):
+    with served.client() as c:
+        plain, job = _running_with_a_stored_checkpoint(c, "survivor")
         node = job.refresh().placement[0].node
         worker_pids = [int(p) for e in job.events(follow=False) if e.type == EventType.STARTED
                        for p in e.data["pids"].values()]
@@ -141,30 +185,37 @@ def test_a_removed_ray_node_is_lost_and_its_job_resumes_elsewhere_exactly(served
         assert {n.name: n.state.value for n in c.nodes()}[node] == "lost"
 
 
-def test_a_node_added_later_gets_an_agent_and_takes_work(served, ray_cluster):
-    known = set(_ray_ids(ray_cluster))
-    ray_cluster.add_node(**NODE_ARGS)
-    new = (set(_ray_ids(ray_cluster)) - known).pop()
-    with served.client() as c:
-        _wait(lambda: new in _ready(c), f"an agent on the new node {new}")
-        busy = c.submit(source("steady_rng.py"), gpus=2, name="fills-a-node", env={"STEPS": "100000"})
-        other = c.submit(source("steady_rng.py"), gpus=2, name="fills-the-other", env={"STEPS": "100000"})
-        for job in (busy, other):
-            wait_for_lines(job, 1)
-        assert {busy.refresh().placement[0].node, other.refresh().placement[0].node} == set(_ready(c))
-        busy.cancel()
-        other.cancel()
-
-
 def test_stopping_serve_removes_every_actor_and_agent(served, ray_cluster):
     with served.client() as c:
         names = list(_ready(c))
     served.close()
     for name in names:
         _wait(lambda: not _agent_pids(name), f"agent {name} to stop")
-    ray.init(address=ray_cluster.address, namespace="singularity-test")
-    try:  # every GPU is free again: no actor of the server holds one
-        total = ray.cluster_resources().get("GPU")
-        _wait(lambda: ray.available_resources().get("GPU") == total, "the actors' GPUs to be released")
+    _wait(lambda: _free_gpus(ray_cluster) == 2 * len(ray_cluster.worker_nodes), "every GPU to be free again")
+
+
+def test_the_jupyter_extension_runs_its_agents_on_ray(ray_cluster, tmp_path):
+    from jupyter_ext.embedded import BackendManager
+
+    manager = BackendManager(home=str(tmp_path / "jupyter-home"), ray=ray_cluster.address, start_timeout=120)
+    try:
+        info = manager.start()
+        assert info.error is None, info.error
+        from singularity_sdk import Client
+
+        with Client(info.url, info.token) as c:
+            _wait(lambda: set(_ready(c)) == set(_ray_ids(ray_cluster)), "agents on the Ray nodes")
     finally:
-        ray.shutdown()
+        manager.stop()
+    _wait(lambda: _free_gpus(ray_cluster) == 2 * len(ray_cluster.worker_nodes), "every GPU to be free again")
+
+
+def _free_gpus(cluster: Cluster) -> int:
+    """GPUs no actor holds, as the cluster's GCS counts them (asked without joining as a driver)."""
+    import subprocess
+    import sys
+
+    code = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+            "print(int(ray.available_resources().get('GPU', 0)))")
+    out = subprocess.run([sys.executable, "-c", code, cluster.address], capture_output=True, text=True, timeout=120)
+    return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else -1
