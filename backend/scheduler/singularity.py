@@ -1,19 +1,20 @@
 """The Singularity policy: SLA tiers, elastic (spliced) jobs, work conservation, defragmentation,
-least attained service within a tier.
+least attained service across standard and basic work.
 
 One round, in this order (docs/scheduling.md has the full rules):
 
-for each tier, premium, then standard, then basic:
-  1. waiting jobs of the tier (queued or preempted): those that have waited past the
+for each pass, premium, then standard and basic together (``las_across``; else one per tier):
+  1. waiting jobs of the pass (queued or preempted): those that have waited past the
      starvation horizon first (oldest first); then by service class, least attained service
-     first (``JobView.attained_s``); within a class fair share between users (the user holding
-     fewest devices in the tier goes next), FIFO within a user. Each tries, for each allowed
-     size P (divisors of W from W down to the tier's minimum): free devices; defragmentation;
-     taking back from lower tiers. A job that still does not fit may take from running jobs of
-     its own tier that have had far more service (standard: shrink only; basic: shrink, then
-     preempt), and a standard job may shrink standard jobs of users holding more than its user
-     (fair share). A starving job that fits nowhere has one node's free devices held for it.
-  2. shrunk jobs of the tier grow back into idle devices (work conservation), fairest first.
+     first (``JobView.attained_s``), standard before basic within a class; then fair share
+     between users (the user holding fewest devices in the tier goes next), FIFO within a
+     user. Each tries, for each allowed size P (divisors of W from W down to the tier's
+     minimum): free devices; defragmentation; taking back from lower tiers. A job that still
+     does not fit may take from running standard and basic jobs that have had far more service
+     (shrink, then preempt; per tier: its own tier only, standard only shrunk), and a standard
+     job may shrink standard jobs of users holding more than its user (fair share). A
+     starving job that fits nowhere has one node's free devices held for it.
+  2. shrunk jobs of the pass grow back into idle devices (work conservation), fairest first.
 then, if devices are still free, one more pass over every tier using free devices only, in
 which victims displaced earlier in the round may resume at once (preempt + resume elsewhere).
 

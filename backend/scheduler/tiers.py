@@ -2,15 +2,17 @@
 
 - premium: never shrunk, never preempted, never migrated for another job; runs at full size.
 - standard: may be shrunk (spliced) down to half its devices, rounded up to a divisor of W;
-  preempted only for premium work, and only when shrinking is not enough.
-- basic: runs on whatever is spare, at any divisor of W down to ``basic_min_fraction``;
+  preempted for premium work, or for standard and basic work with far less attained service
+  (``las_across``), each only when shrinking is not enough.
+- basic: runs on whatever is spare, at any divisor of W down to ``basic_min_fraction`` (half);
   shrunk, then preempted, before anything else. A basic job that has waited for devices for
   longer than the aging horizon (``now - submitted_at - ran_s >= aging_horizon_s``; with
   ``ran_s`` unknown, None, its time in the system) is treated as standard from then on,
   waiting or running, so it cannot starve (round_state applies this when it reads jobs).
-- within a tier, least attained service: waiting jobs go by service class (attained
-  device-seconds), and a job may take from same-tier jobs with far more service, within the
-  rules above (standard only shrunk, basic shrunk then preempted, premium never).
+- least attained service: standard and basic waiting jobs go by service class (attained
+  device-seconds) in one pool, and a job may take from standard and basic jobs with far more
+  service (shrunk, then preempted; premium never). ``las_across=False`` keeps each tier alone.
+- quotas (``quotas.py``): a job beyond its user's quota for its tier runs one tier down.
 """
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Least attained service within a tier, aging by waiting time, starvation horizon.
 
+Tests that pin the per-tier rules run with ``PER_TIER``; the shared pool of standard and basic
+work (the default) is pinned in test_sched_pool.py.
+
 Attained service (``JobView.attained_s``, device-seconds) orders the waiting jobs of a tier and
 lets a waiting job take devices from same-tier jobs that have had far more service: standard
 jobs are only ever shrunk for that, basic jobs shrunk, then preempted; premium jobs and jobs
