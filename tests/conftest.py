@@ -1,7 +1,6 @@
 """Fixtures: real LocalClusters (server + agent processes) in temporary homes."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,3 @@ def fresh_cluster(tmp_path):
 def client(cluster):
     with cluster.client() as c:
         yield c
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from singularity_sdk import EventType, JobCancelled, JobFailed, JobState
-from conftest import pid_alive
+from processes import pid_alive
 
 
 def test_hello_result_logs_and_events(client):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import pid_alive
+from processes import pid_alive
 from exactness import random_stops, run_interrupted, run_plain, source, stdout_lines, wait_for_lines
 from singularity_sdk import EventType, JobState, LocalCluster
 

@@ -167,14 +167,3 @@ class JupyterProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False

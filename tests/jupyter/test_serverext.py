@@ -13,7 +13,8 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from jupyter_ext.embedded import MARKER, BackendManager
-from jupyter_helpers import JupyterProcess, ROOT, pid_alive, wait_until
+from jupyter_helpers import JupyterProcess, ROOT, wait_until
+from processes import pid_alive
 from singularity_sdk import Client, LocalCluster
 
 

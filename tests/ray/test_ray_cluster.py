@@ -21,7 +21,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'singularity-notebooks[ray]'")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from conftest import pid_alive  # noqa: E402
+from processes import pid_alive  # noqa: E402
 from exactness import source, stdout_lines, wait_for_lines  # noqa: E402
 from singularity_sdk import EventType, JobState, LocalCluster  # noqa: E402
 from backend.ray_cluster.nodes import node_name  # noqa: E402
