@@ -29,10 +29,14 @@ class LocalCluster:
                  checkpoint_every: Optional[float] = None, policy: Optional[str] = None,
                  min_move_interval: Optional[float] = None, move_cost: Optional[float] = None,
                  checkpoint_timeout: Optional[float] = None, tls_cert: Optional[Path] = None,
-                 tls_key: Optional[Path] = None, ray: Optional[str] = None):
+                 tls_key: Optional[Path] = None, ray: Optional[str] = None, sandbox: Optional[str] = None):
         #: with ``ray`` (an address as for ``ray.init``), agents run on the Ray cluster's GPU
         #: nodes instead of locally, and ``nodes`` is how many of them to wait for
         self.ray = ray
+        #: ``SINGULARITY_SANDBOX`` for the agents (auto | bwrap | off). A local cluster runs one
+        #: person's jobs with that person's rights, so a sandbox protects nothing from them and
+        #: costs every start a fresh interpreter: off unless asked for here or in the environment
+        self.sandbox = sandbox
         self.nodes = nodes
         self.devices_per_node = devices_per_node
         self._own_home = home is None
@@ -75,6 +79,10 @@ class LocalCluster:
                str(self.port), "--nodes", str(0 if self.ray else self.nodes), "--devices-per-node", str(self.devices_per_node),
                *self.extra_args]
         env = {**os.environ, "SINGULARITY_HOME": str(self.home), **self.env}
+        if self.sandbox is not None:
+            env["SINGULARITY_SANDBOX"] = self.sandbox
+        else:
+            env.setdefault("SINGULARITY_SANDBOX", "off")
         self.home.mkdir(parents=True, exist_ok=True)
         log = open(self.home / "server.log", "ab")
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)

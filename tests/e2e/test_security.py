@@ -111,7 +111,7 @@ print("SPY " + json.dumps(found))
 
 @pytest.mark.skipif(sandbox.choose() is None, reason="no working bwrap here (make setup installs bubblewrap)")
 def test_a_job_reads_no_credential_and_no_other_jobs_files(tmp_path):
-    with LocalCluster(nodes=1, devices_per_node=2, home=tmp_path / "home",
+    with LocalCluster(nodes=1, devices_per_node=2, home=tmp_path / "home", sandbox="bwrap",
                       env={"SINGULARITY_TOKEN": "x" * 43}) as cluster, cluster.client() as admin:
         with api(cluster, cluster.token) as h:
             other_token = h.post("/users", json={"user": "alice"}).json()["token"]
