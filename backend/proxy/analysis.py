@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import symtable
 from typing import Iterable, Iterator, Optional
 
 class _Binder(ast.NodeVisitor):
@@ -201,11 +202,38 @@ def not_rewritable(fdef: ast.AST) -> str:
         for n in ast.walk(scope):
             if isinstance(n, ast.Nonlocal):
                 return f"a nested function rebinds `nonlocal {', '.join(n.names)}`"
-        captured = {n.id for n in ast.walk(scope) if isinstance(n, ast.Name)} & set(counts)
-        shared = sorted(name for name in captured if counts[name] > 1)
-        if shared:
-            return f"a closure shares {', '.join(shared)}, which the function rebinds"
+    if not nested and not any(isinstance(n, ast.ClassDef) for n in own_scope(fdef)):
+        return ""
+    captured = _captured_by_closures(fdef)
+    if captured is None:  # no symbol table for it alone: every name a closure mentions
+        captured = {n.id for scope in nested for n in ast.walk(scope) if isinstance(n, ast.Name)}
+    shared = sorted(name for name in captured & set(counts) if counts[name] > 1)
+    if shared:
+        return f"a closure shares {', '.join(shared)}, which the function rebinds"
     return ""
+
+
+_COMPREHENSION_TABLES = ("listcomp", "setcomp", "dictcomp")
+
+
+def _captured_by_closures(fdef: ast.FunctionDef) -> Optional[set[str]]:
+    """The variables of ``fdef`` that a nested function, lambda or generator expression closes
+    over: their free variables per Python's own symbol table, so a closure's own locals (a
+    ``loss`` inside an LBFGS ``closure()`` beside a ``loss`` of the loop that calls it) are not
+    taken for shared ones. ``None`` when the function has no symbol table on its own."""
+    try:
+        table = symtable.symtable(ast.unparse(fdef), "<function>", "exec").get_children()[0]
+    except (SyntaxError, IndexError, ValueError):
+        return None
+    own = {name for name in table.get_identifiers() if table.lookup(name).is_local()}
+    free: set[str] = set()
+    stack = list(table.get_children())
+    while stack:
+        child = stack.pop()
+        if child.get_type() == "function" and child.get_name() not in _COMPREHENSION_TABLES:
+            free.update(child.get_frees())
+        stack.extend(child.get_children())
+    return free & own
 
 
 def library_roots(tree: ast.AST) -> set[str]:

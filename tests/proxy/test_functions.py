@@ -4,6 +4,7 @@ plain Python does, and stopping them at seeded random safe points, each restore 
 process, prints bitwise the same as the uninterrupted run."""
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import os
@@ -12,6 +13,7 @@ import subprocess
 import pytest
 
 from backend.proxy import CheckpointStore, Controller, Preempted, ResumableProgram
+from backend.proxy.analysis import not_rewritable
 from harness import PYTHON, ROOT, SCRIPTS, pick_stops, run_chain, trace_of
 
 FUNCTIONS = SCRIPTS / "functions"
@@ -147,3 +149,19 @@ def test_functions_of_a_finished_run_keep_working(tmp_path):
     ResumableProgram.from_source(src).run(ns, Controller(CheckpointStore(tmp_path / "ck")))
     assert not [k for k in ns if k.startswith("__sg_")]
     assert ns["total"](5) == 10
+
+
+@pytest.mark.parametrize("code,reason", [
+    # an LBFGS closure's own `loss` is not the `loss` of the loop that calls it
+    ("def main():\n    x = 2\n    for i in range(3):\n        def closure():\n            loss = x * 2\n            return loss\n"
+     "        loss = closure()\n", ""),
+    ("def main():\n    x = 1\n    x = 2\n    total = [x for _ in range(2)]\n", ""),  # a comprehension runs at once
+    ("def main():\n    lr = 1.0\n    decay = lambda: lr * 0.5\n    for i in range(3):\n        lr = decay()\n",
+     "a closure shares lr, which the function rebinds"),
+    ("def main():\n    x = 1\n    def f():\n        def g():\n            return x\n        return g\n    x = 2\n",
+     "a closure shares x, which the function rebinds"),
+    ("def main():\n    x = 1\n    class A:\n        def m(self):\n            return x\n    x = 2\n",
+     "a closure shares x, which the function rebinds"),
+])
+def test_only_variables_a_closure_really_shares_keep_a_function_unchanged(code, reason):
+    assert not_rewritable(ast.parse(code).body[0]) == reason
