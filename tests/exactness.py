@@ -71,3 +71,32 @@ def preempt_and_resume(job: Job, _i: int) -> None:
         assert events[-1].type == EventType.PREEMPTED
         assert events[-1].data.get("step") is not None
         job.resume()
+
+
+def files_of(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative name -> bytes), minus ``__pycache__`` and the
+    top-level folders named in ``skip``."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts and p.relative_to(folder).parts[0] not in skip}
+
+
+def other_node(job: Job) -> str:
+    return "node-2" if job.refresh().placement[0].node == "node-1" else "node-1"
+
+
+def migrate(job: Job, _i: int) -> None:
+    """Move a job whose ranks all run on one node to the other node of a 2-node cluster."""
+    job.migrate(other_node(job), timeout=60)
+
+
+def interrupt_at(job: Job, stops: list[int], actions: list[Callable[[Job, int], None]]) -> int:
+    """Call ``actions[i](job, i)`` once the job has printed ``stops[i]`` lines in all (all ranks
+    together); return how many ran before the job ended."""
+    done = 0
+    for i, (target, action) in enumerate(zip(stops, actions)):
+        wait_for_lines(job, target)
+        if job.refresh().state.is_terminal:
+            break
+        action(job, i)
+        done += 1
+    return done

@@ -1,0 +1,31 @@
+# Imports its model and data from a sibling module.
+import argparse
+import time
+
+import torch
+
+from helpers import batch, make_model
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--sleep", type=float, default=0.0)
+    args = p.parse_args()
+    torch.manual_seed(8)
+    model = make_model(16)
+    gen = torch.Generator().manual_seed(80)
+    opt = torch.optim.Adagrad(model.parameters(), lr=0.1)
+    for step in range(args.steps):
+        x, y = batch(gen)
+        opt.zero_grad()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        print(f"step {step} loss {loss.item()!r}", flush=True)
+        time.sleep(args.sleep)
+    torch.save(model.state_dict(), "model.pt")
+
+
+if __name__ == "__main__":
+    main()
