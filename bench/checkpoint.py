@@ -15,11 +15,11 @@ delivery; the worker's own ``wait_s`` in brackets), writing (``checkpointed``), 
 
 Restore: ``scheduled`` (placement of the new attempt) -> the first line the resumed loop prints,
 split into agent start (``started``: worker process launched), ``started`` -> ``resumed`` (the
-worker's start-up and verifying the checkpoint's sha256: it sends ``resumed`` once
+worker's start-up and checking the checkpoint's manifest: it sends ``resumed`` once
 ``CheckpointStore.latest()`` has verified it, before loading it) and ``resumed`` -> first line
 (loading it, walking back into the loop, the first iteration; and ``import
 torch`` wherever the worker has not imported it yet). While the job is preempted, a fresh process
-times the restore's own steps one by one on the same checkpoint (``import torch``, sha256 verify,
+times the restore's own steps one by one on the same checkpoint (``import torch``, verify,
 loading the rank file): the "anatomy" table.
 
 Disk: ``write`` = write + fsync of the file; ``read`` = reading it back right after (page cache
@@ -202,7 +202,8 @@ print(json.dumps({"import_torch": t_import, "verify": t_verify, "load": t_load})
 
 def restore_anatomy(job_root: Path) -> dict[str, float]:
     """In a fresh process, what the restore does with the newest checkpoint under ``job_root``, timed
-    one by one: ``import torch``, verifying the manifest's sha256 (``CheckpointStore.latest``), and
+    one by one: ``import torch``, verifying the checkpoint (``CheckpointStore.latest``: sizes for one
+    rank, whose digest is checked while it loads), and
     loading the rank file (``state._read_graph``)."""
     import json
 
@@ -316,7 +317,7 @@ def report(results: list[dict], floor: dict[str, float]) -> None:
                      fmt_s(med(x, "disk_cold")), f"{med(x, 'restore_total') / med(x, 'disk_read'):.1f}x",
                      f"{med(x, 'restore_total') / med(x, 'disk_cold'):.1f}x"])
     print_table("restore: placement -> first new iteration", head, rows)
-    head = [("size", 7), ("import torch", 12), ("sha256 verify", 13), ("load", 10), ("sum", 6),
+    head = [("size", 7), ("import torch", 12), ("verify", 13), ("load", 10), ("sum", 6),
             ("restore total", 13), ("verify/read", 11), ("load/read", 9)]
     rows = []
     for r in results:
