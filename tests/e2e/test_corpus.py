@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from singularity_sdk import EventType, JobState, LocalCluster
 pytestmark = pytest.mark.corpus
 
 CORPUS = PROGRAMS / "corpus"
-SLEEP = ["--sleep", "0.15"]  # per step: long enough for an interrupt to land before the end
+SLEEP = ["--sleep", "0.2"]  # per step: long enough for an interrupt to land before the end
 SEED = int(os.environ.get("CORPUS_SEED", "12"))
 MARGIN = 6  # no interrupt is asked for in the last MARGIN printed lines
 
@@ -43,6 +44,7 @@ SINGLE = {
     "scheduler_manual_update": ["--steps", "16"],
     "random_dataset": ["--epochs", "3"],
 }
+DDP_ARGS = ["--steps", "16"]  # ddp_main, 2 ranks
 NOT_BITWISE = {"tensorboard_writer": ("runs",)}  # compared through the scalars instead
 THREADS = {"OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # what a worker gets
 
@@ -52,6 +54,22 @@ def two_nodes(tmp_path_factory):
     with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path_factory.mktemp("corpus-home")) as cluster, \
             cluster.client() as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def plain_runs(request, tmp_path_factory):
+    """The plain runs of the selected tests, one at a time in the background from the start of
+    the module, so they overlap the jobs of the tests before theirs; ``plain_runs(program)``
+    waits for one and returns its folder and its output."""
+    selected = [item.callspec.params.get("program", "ddp_main") if hasattr(item, "callspec") else "ddp_main"
+                for item in request.session.items if item.module is request.module]
+    runs = {}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for program in dict.fromkeys(selected):
+            folder = copy_of(program, tmp_path_factory.mktemp(program) / "plain")
+            runs[program] = folder, (pool.submit(plain_torchrun, folder, SLEEP + DDP_ARGS, 2) if program == "ddp_main"
+                                     else pool.submit(plain_run, folder, SLEEP + SINGLE[program]))
+        yield lambda program: (runs[program][0], runs[program][1].result())
 
 
 def copy_of(program: str, where: Path) -> Path:
@@ -75,10 +93,10 @@ def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 @pytest.mark.parametrize("program", sorted(SINGLE))
-def test_program_resumes_exactly_through_preemption_and_migration(two_nodes, tmp_path, program):
+def test_program_resumes_exactly_through_preemption_and_migration(two_nodes, plain_runs, tmp_path, program):
     args = SLEEP + SINGLE[program]
-    plain, submitted = copy_of(program, tmp_path / "plain"), copy_of(program, tmp_path / "job")
-    expected = plain_run(plain, args)
+    submitted = copy_of(program, tmp_path / "job")
+    plain, expected = plain_runs(program)
 
     job = two_nodes.submit(submitted / "train.py", args=args, workdir=submitted, name=program)
     actions = [preempt_and_resume, migrate, preempt_and_resume, migrate]
@@ -132,10 +150,10 @@ def resize_to(gpus: int):
     return resize
 
 
-def test_ddp_script_with_its_loop_in_main_resumes_exactly_through_resize_and_migration(two_nodes, tmp_path):
-    args = SLEEP + ["--steps", "16"]
-    plain, submitted = copy_of("ddp_main", tmp_path / "plain"), copy_of("ddp_main", tmp_path / "job")
-    expected = plain_torchrun(plain, args, 2)
+def test_ddp_script_with_its_loop_in_main_resumes_exactly_through_resize_and_migration(two_nodes, plain_runs, tmp_path):
+    args = SLEEP + DDP_ARGS
+    submitted = copy_of("ddp_main", tmp_path / "job")
+    plain, expected = plain_runs("ddp_main")
     total = sum(map(len, expected.values()))
 
     job = two_nodes.submit(submitted / "train.py", args=args, workdir=submitted, gpus=2, ranks=2, name="ddp-main")

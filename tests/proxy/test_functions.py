@@ -153,8 +153,8 @@ def test_functions_of_a_finished_run_keep_working(tmp_path):
 
 @pytest.mark.parametrize("code,reason", [
     # an LBFGS closure's own `loss` is not the `loss` of the loop that calls it
-    ("def main():\n    x = 2\n    for i in range(3):\n        def closure():\n            loss = x * 2\n            return loss\n"
-     "        loss = closure()\n", ""),
+    ("def main():\n    x = 2\n    for i in range(3):\n        def closure():\n            loss = x * 2\n"
+     "            return loss\n        loss = closure()\n", ""),
     ("def main():\n    x = 1\n    x = 2\n    total = [x for _ in range(2)]\n", ""),  # a comprehension runs at once
     ("def main():\n    lr = 1.0\n    decay = lambda: lr * 0.5\n    for i in range(3):\n        lr = decay()\n",
      "a closure shares lr, which the function rebinds"),
