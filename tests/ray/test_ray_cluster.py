@@ -22,7 +22,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'sing
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from processes import pid_alive  # noqa: E402
-from exactness import source, stdout_lines, wait_for_lines  # noqa: E402
+from exactness import rank_lines, source, stdout_lines, wait_for_lines  # noqa: E402
 from singularity_sdk import EventType, JobState, LocalCluster  # noqa: E402
 from backend.ray_cluster.nodes import node_name  # noqa: E402
 
@@ -56,7 +56,7 @@ def ray_cluster(tmp_path_factory) -> Iterator[Cluster]:
 def served(ray_cluster: Cluster, tmp_path_factory) -> Iterator[LocalCluster]:
     tmp = tmp_path_factory.mktemp("serve")
     with LocalCluster(nodes=2, home=tmp / "home", ray=ray_cluster.address, store=f"file://{tmp / 'store'}",
-                      checkpoint_every=0.5, node_timeout=30, start_timeout=120) as served:
+                      node_timeout=30, start_timeout=120) as served:
         yield served
 
 
@@ -117,6 +117,18 @@ def test_a_job_migrates_between_ray_nodes_exactly_through_the_store(served, tmp_
         assert ck and "store" in ck[-1].data["store_path"]
 
 
+def test_a_data_parallel_job_spans_two_ray_nodes_meeting_at_rank_0s_node(served, ray_cluster):
+    # Resizing it would need a checkpoint folder both nodes see: with a store, each node uploads
+    # only its own ranks' part (docs/distributed.md, "Limits").
+    with served.client() as c:
+        job = c.submit(source("ddp_train.py"), gpus=4, env={"STEPS": "5"}, name="ddp-two-nodes")
+        assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+        assert {p.node for p in job.info.placement} == set(_ray_ids(ray_cluster))
+        lines = rank_lines(job)
+        assert sorted(lines) == [0, 1, 2, 3]
+        assert len({v[-1].split()[-1] for v in lines.values()}) == 1  # the replicas agree
+
+
 def test_a_node_added_later_gets_an_agent_and_takes_work(served, ray_cluster):
     known = set(_ray_ids(ray_cluster))
     ray_cluster.add_node(**NODE_ARGS)
@@ -137,7 +149,7 @@ def test_a_node_added_later_gets_an_agent_and_takes_work(served, ray_cluster):
 def _running_with_a_stored_checkpoint(c, name: str, steps: int = 80):
     plain = c.submit(source("steady_rng.py"), name=f"{name}-plain", env={"STEPS": str(steps)})
     assert plain.wait(120) == JobState.SUCCEEDED
-    job = c.submit(source("steady_rng.py"), name=name, env={"STEPS": str(steps)})
+    job = c.submit(source("steady_rng.py"), name=name, env={"STEPS": str(steps)}, checkpoint_every=0.5)
     for ev in job.events():
         if ev.type == EventType.CHECKPOINTED and ev.data.get("store_path"):
             break
