@@ -178,7 +178,9 @@ class Controller:
                 self._at_step = None
             if self._periodic_due:
                 self._periodic_due = False
-                if request is None:
+                # a periodic checkpoint due while the previous one is still being written behind
+                # the loop is skipped (the next comes a period later), not waited for
+                if request is None and not self.writer.busy:
                     request = _Request("continue", "periodic", self._periodic_due_at)
             progress, self._progress_due = self._progress_due, False
             self.flag = self._wants_slow_path()

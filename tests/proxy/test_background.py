@@ -97,4 +97,5 @@ def test_kill_during_a_background_write_keeps_the_previous_checkpoint(launcher, 
     written = [d for _, d in rerun.events("checkpointed")]
     again = launcher.run(target + ["--checkpoint-dir", str(ck), "--restore"])
     assert again.rc == 0 and written, again.describe()
-    assert rerun.stdout.endswith(again.stdout) and again.stdout, "resumed from its newest background checkpoint"
+    assert [d["step"] for _, d in again.events("restore")] == [written[-1]["step"]]
+    assert rerun.stdout.endswith(again.stdout), "resumed from its newest background checkpoint"
