@@ -7,7 +7,8 @@ bytes copied once, which for a CUDA tensor is the device-to-host copy); the hash
 the fsync and the commit then run in a thread of their own at a lower CPU priority while the
 loop goes on (the pattern of CheckFreq and PyTorch's asynchronous checkpointing).  At most one
 write is in flight: the next checkpoint, a preemption's included, first waits for it, so a
-preemption that arrives mid-write waits only for that write.  The ``checkpointed`` event is sent
+preemption that arrives mid-write waits only for that write (a periodic one due meanwhile is
+skipped: controller.py).  The ``checkpointed`` event is sent
 when the write has committed, never before; a kill -9 during it leaves the previous checkpoint.
 
 Only one-rank jobs write behind: the ranks of a data-parallel job agree that every rank has
