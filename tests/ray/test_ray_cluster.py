@@ -9,8 +9,6 @@ import os
 
 # Ray then uses 127.0.0.1 for every node it starts; read once, when ray is imported.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-# A loaded CI machine can take longer than Ray's default 30 s to start a node's agents.
-os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
 
 import time
 from pathlib import Path
