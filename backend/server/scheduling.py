@@ -128,6 +128,10 @@ class Scheduling:
         master_addr = next((n.address for n in self.store.nodes() if n.name == per_rank[0][0][0] and n.address),
                            "127.0.0.1")
         master_port = _free_port()
+        # The cluster's default period applies to jobs on one node: the ranks of a job spread over
+        # nodes without a shared checkpoint folder cannot commit one (docs/distributed.md), and a
+        # periodic attempt would stall them; such a job gets periodic checkpoints only if it asks.
+        every = row["checkpoint_every"] or (self.config.checkpoint_every if len(rank_specs) == 1 else None)
         for node, specs in rank_specs.items():
             msg = StartJob(
                 job_id=job_id, attempt=attempt, world_size=world, local_world_size=len(specs), ranks=specs,
@@ -136,7 +140,7 @@ class Scheduling:
                 inputs_b64=row["inputs_b64"], outputs=json.loads(row["outputs_json"]),
                 env=json.loads(row["env_json"]), args=json.loads(row["args_json"]), workdir=row["workdir"],
                 workdir_b64=row["workdir_b64"],
-                checkpoint_every=row["checkpoint_every"] or self.config.checkpoint_every,
+                checkpoint_every=every,
                 restore=checkpoint, layout=layout,
             )
             if not self._send(node, msg):
