@@ -75,7 +75,7 @@ def test_no_server_configured(tmp_path):
 def test_resize_a_two_rank_job_from_the_shell(cluster, tmp_path):
     script = tmp_path / "ddp.py"
     script.write_text((Path(__file__).parent / "programs" / "ddp_train.py").read_text())
-    job_id = ctl(cluster, "submit", str(script), "--gpus", "2", "--ranks", "2", "--env", "STEPS=200").stdout.strip()
+    job_id = ctl(cluster, "submit", str(script), "--gpus", "2", "--ranks", "2", "--env", "STEPS=5000").stdout.strip()
     bad = ctl(cluster, "resize", job_id, "--gpus", "3", check=False)
     assert bad.returncode != 0 and "1, 2 device(s), not 3" in bad.stderr
     deadline = time.monotonic() + 120

@@ -132,8 +132,14 @@ def test_resize_errors_say_what_is_possible(client):
     with pytest.raises(InvalidRequest, match="--ranks"):
         single.resize(2)
     single.cancel()
+    # a queued job changes size at once: hold every device so that it stays queued meanwhile
+    blocker = client.submit("import time\ntime.sleep(600)\n", gpus=4, name="blocker")
+    wait_for_lines(blocker, 0)
     waiting = client.submit("1", gpus=4, ranks=4, name="queued-resize")
+    assert waiting.refresh().state == JobState.QUEUED
     waiting.resize(2, wait=False)
+    assert waiting.refresh().info.gpus == 2
+    blocker.cancel()
     assert waiting.wait(120) == JobState.SUCCEEDED
     assert waiting.info.gpus == 2
 
