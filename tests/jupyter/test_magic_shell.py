@@ -92,12 +92,27 @@ def test_other_mistakes_are_usage_errors(shell, jcluster):
 
 
 def test_ctrl_c_with_on_interrupt_cancel_cancels(shell, jclient, capsys):
-    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+    before = magics(shell).last_job
+    stop = threading.Event()
+
+    def interrupt_once_it_prints() -> None:
+        """Ctrl-C while the cell follows its running job (a fixed delay could land before it
+        waits, on a loaded machine, where nothing is there to act on it)."""
+        while not stop.is_set():
+            job = magics(shell).last_job
+            if job is not None and job is not before and \
+                    any(e.type.value == "log" for e in job.events(follow=False)):
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            stop.wait(0.1)
+
+    watcher = threading.Thread(target=interrupt_once_it_prints, daemon=True)
+    watcher.start()
     try:
         assert shell.run_cell_magic("singularity", "--name interrupted --on-interrupt cancel", LONG_LOOP) is None
     finally:
-        timer.cancel()
+        stop.set()
+        watcher.join(10)
     job = magics(shell).last_job
     assert job.wait(30) == JobState.CANCELLED
     assert "Ctrl-C: cancel requested" in capsys.readouterr().out
