@@ -16,7 +16,6 @@ written its part before any of them continues, which a write in the background c
 """
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -27,7 +26,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .runtime import Runtime
     from .store import RankFile
 
-log = logging.getLogger(__name__)
 #: niceness added to the writer thread, so on a small machine it yields the core to the training loop
 WRITER_NICENESS = 10
 

@@ -153,8 +153,8 @@ def _settle_blobs(folder: Path, files: dict[str, dict[str, Any]]) -> dict[str, d
     """
     needed: dict[str, tuple[int, str]] = {}
     for name, info in files.items():
-        for digest, nbytes in (info.pop("blobs", None) or {}).items():
-            needed.setdefault(digest, (int(nbytes), name))
+        for blob, nbytes in (info.pop("blobs", None) or {}).items():
+            needed.setdefault(blob, (int(nbytes), name))
     if not folder.is_dir():
         if needed:
             raise CheckpointError(f"{folder} is missing; the rank files reference {len(needed)} blobs")
@@ -165,10 +165,10 @@ def _settle_blobs(folder: Path, files: dict[str, dict[str, Any]]) -> dict[str, d
     for p in folder.iterdir():
         if p.name not in needed:
             p.unlink(missing_ok=True)
-    for digest, (nbytes, name) in needed.items():
-        size = (folder / digest).stat().st_size if (folder / digest).exists() else None
+    for blob, (nbytes, name) in needed.items():
+        size = (folder / blob).stat().st_size if (folder / blob).exists() else None
         if size != nbytes:
-            raise CheckpointError(f"cannot commit: blob {digest} referenced by {name} "
+            raise CheckpointError(f"cannot commit: blob {blob} referenced by {name} "
                                   f"{'is missing' if size is None else f'has {size} bytes, not {nbytes}'}")
     _fsync_dir(folder)
     return {d: {"bytes": n} for d, (n, _name) in sorted(needed.items())}
