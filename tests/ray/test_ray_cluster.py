@@ -204,8 +204,12 @@ def test_stopping_serve_removes_every_actor_and_agent(served, ray_cluster):
     _wait(lambda: _free_gpus(ray_cluster) == 2 * len(ray_cluster.worker_nodes), "every GPU to be free again")
 
 
-def test_the_jupyter_extension_runs_its_agents_on_ray(ray_cluster, tmp_path):
+def test_the_jupyter_extension_runs_its_agents_on_ray(ray_cluster, tmp_path, monkeypatch):
     from jupyter_ext.embedded import BackendManager
+
+    # a server configured in the environment (by a test that ran before) would be used instead
+    for name in ("SINGULARITY_URL", "SINGULARITY_TOKEN", "SINGULARITY_HOME"):
+        monkeypatch.delenv(name, raising=False)
 
     manager = BackendManager(home=str(tmp_path / "jupyter-home"), ray=ray_cluster.address, start_timeout=120)
     try:
