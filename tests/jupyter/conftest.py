@@ -53,3 +53,15 @@ def shell(ishell):
     ishell.run_line_magic("singularity_config", "--reset")
     yield ishell
     ishell.run_line_magic("singularity_config", "--reset")
+
+
+@pytest.fixture(scope="module")
+def kernel(jcluster):
+    """A real ipykernel with the extension loaded, one per test module."""
+    from jupyter_helpers import Kernel, kernel_env
+
+    k = Kernel(kernel_env(jcluster))
+    reply, _ = k.execute("%load_ext jupyter_ext")
+    assert reply["status"] == "ok", reply
+    yield k
+    k.close()

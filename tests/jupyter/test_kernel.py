@@ -4,19 +4,8 @@ from __future__ import annotations
 import queue
 import time
 
-import pytest
-
-from jupyter_helpers import LONG_LOOP, Kernel, cancel_quietly, kernel_env, latest_job, stream_text
+from jupyter_helpers import LONG_LOOP, cancel_quietly, latest_job, stream_text
 from singularity_sdk import JobState
-
-
-@pytest.fixture(scope="module")
-def kernel(jcluster):
-    k = Kernel(kernel_env(jcluster))
-    reply, _ = k.execute("%load_ext jupyter_ext")
-    assert reply["status"] == "ok", reply
-    yield k
-    k.close()
 
 
 def test_result_variables_and_live_output(kernel):

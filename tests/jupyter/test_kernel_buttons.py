@@ -7,9 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-import pytest
-
-from jupyter_helpers import Kernel, cancel_quietly, kernel_env, latest_job, wait_until
+from jupyter_helpers import Kernel, cancel_quietly, latest_job, wait_until
 from singularity_sdk import JobState
 
 #: An ordinary DDP cell (2 ranks) that prints its loss in the chart's grammar.
@@ -57,15 +55,6 @@ class Frontend:
     def set_resize_to(self, n: int) -> None:
         cid = self.comm(lambda st: st.get("_model_name") == "BoundedIntTextModel")
         self.send(cid, {"method": "update", "state": {"value": n}, "buffer_paths": []})
-
-
-@pytest.fixture(scope="module")
-def kernel(jcluster):
-    k = Kernel(kernel_env(jcluster))
-    reply, _ = k.execute("%load_ext jupyter_ext")
-    assert reply["status"] == "ok", reply
-    yield k
-    k.close()
 
 
 def run_while(kernel: Kernel, code: str, actions: Callable[[Frontend], None], timeout: float):
