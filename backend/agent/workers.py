@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import json
 import os
 import signal
 import sys
+import termios
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
 
 from backend.proxy.store import CheckpointStore
+from backend.worker import output_marks
 from singularity_sdk.protocol import EXIT_PREEMPTED, DeviceInfo, EventType, StartJob
 
 from . import sandbox
@@ -31,6 +35,8 @@ Emit = Callable[[EventType, dict[str, Any]], None]
 #: returns extra event data, or raises to turn the report into checkpoint_failed.
 OnCheckpoint = Callable[["JobRun", dict[str, Any]], Awaitable[dict[str, Any]]]
 LINE_LIMIT = 1 << 20
+#: how long a marked message and the lines after its mark wait for each other
+MARK_WAIT_S = 5.0
 #: "0" lets workers on CPU slots run on every core (by default a slot's ranks get its cores)
 PIN_ENV = "SINGULARITY_PIN_CPU_SLOTS"
 
@@ -43,6 +49,13 @@ class RankProcess:
     readers: list[asyncio.Task] = field(default_factory=list)
     #: the process group to signal (a sandbox's own, not bwrap's); None: the process's pid
     pgid: Optional[int] = None
+    #: bytes of output passed on so far, per stream (what `_drain_output` waits for)
+    passed: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    #: output marks (backend/worker/output_marks.py): the newest each stream's pump has reached,
+    #: and the newest whose control message has been passed on
+    reached: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    released: int = 0
+    control_closed: bool = False
 
 
 class JobRun:
@@ -140,22 +153,26 @@ class JobRun:
                     umask=sandbox.job_umask(),
                 )
             os.close(w_fd)
-            control = asyncio.StreamReader(limit=LINE_LIMIT)
-            loop = asyncio.get_running_loop()
-            await loop.connect_read_pipe(lambda c=control: asyncio.StreamReaderProtocol(c), os.fdopen(r_fd, "rb"))
-            rp = RankProcess(rs.rank, proc, control, pgid=pgid)
-            rp.readers = [
-                asyncio.create_task(self._pump(rp, proc.stdout, "stdout")),
-                asyncio.create_task(self._pump(rp, proc.stderr, "stderr")),
-                asyncio.create_task(self._control(rp)),
-            ]
-            self.ranks[rs.rank] = rp
+            self.ranks[rs.rank] = await self.follow(rs.rank, proc, r_fd, pgid)
         self.emit(EventType.STARTED, {
             "ranks": sorted(self.ranks), "pids": {r: p.proc.pid for r, p in self.ranks.items()},
             "devices": sorted({d for rs in self.spec.ranks for d in rs.devices}), "attempt": self.spec.attempt,
         })
         self._waiters = [asyncio.create_task(self._wait(rp)) for rp in self.ranks.values()]
         asyncio.create_task(self._all_done())
+
+    async def follow(self, rank: int, proc: Any, control_fd: int, pgid: Optional[int] = None) -> RankProcess:
+        """Pass on a started rank's output and its control messages (read from ``control_fd``)."""
+        control = asyncio.StreamReader(limit=LINE_LIMIT)
+        loop = asyncio.get_running_loop()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(control), os.fdopen(control_fd, "rb"))
+        rp = RankProcess(rank, proc, control, pgid=pgid)
+        rp.readers = [
+            asyncio.create_task(self._pump(rp, proc.stdout, "stdout")),
+            asyncio.create_task(self._pump(rp, proc.stderr, "stderr")),
+            asyncio.create_task(self._control(rp)),
+        ]
+        return rp
 
     async def _spawn_sandboxed(self, argv: list[str], env: dict[str, str], rank_dir: Path,
                                w_fd: int) -> tuple[Any, int]:
@@ -193,13 +210,25 @@ class JobRun:
             return proc, proc.pid
 
     async def _pump(self, rp: RankProcess, stream: asyncio.StreamReader, name: str) -> None:
+        carry = b""  # a partial line printed just before a mark
         while True:
             try:
                 line = await stream.readline()
             except ValueError:  # a line longer than LINE_LIMIT: pass it on in pieces
                 line = await stream.read(LINE_LIMIT)
             if not line:
+                if carry:
+                    self.emit(EventType.LOG, {"rank": rp.rank, "stream": name, "line": carry.decode("utf-8", "replace")})
                 return
+            rp.passed[name] += len(line)
+            text, mark = output_marks.split(line)
+            if mark is not None:
+                carry += text
+                rp.reached[name] = mark
+                # the lines after the mark wait for the control message it stands for
+                await _until(lambda: rp.released >= mark or rp.control_closed, MARK_WAIT_S)
+                continue
+            line, carry = carry + text, b""
             self.emit(EventType.LOG, {"rank": rp.rank, "stream": name, "line": line.decode("utf-8", "replace")})
 
     async def _control(self, rp: RankProcess) -> None:
@@ -207,6 +236,7 @@ class JobRun:
         while True:
             line = await rp.control_reader.readline()
             if not line:
+                rp.control_closed = True
                 return
             try:
                 msg = json.loads(line)
@@ -214,7 +244,12 @@ class JobRun:
             except (ValueError, KeyError, TypeError):
                 continue
             data = {"rank": rp.rank, **msg.get("data", {})}
-            if etype in (EventType.CHECKPOINT_STARTED, EventType.CHECKPOINTED):
+            mark, number = data.pop("output_mark", None), None
+            if isinstance(mark, dict) and isinstance(mark.get("number"), int):
+                # every line printed before it is passed on first, none printed after it
+                number, streams = mark["number"], [n for n in mark.get("streams", []) if n in rp.reached]
+                await _until(lambda: all(rp.reached[n] >= number for n in streams), MARK_WAIT_S)
+            elif etype in (EventType.CHECKPOINT_STARTED, EventType.CHECKPOINTED):
                 await _drain_output(rp)
             if etype == EventType.CHECKPOINTED and self.on_checkpoint is not None:
                 try:
@@ -223,6 +258,8 @@ class JobRun:
                     etype, data = EventType.CHECKPOINT_FAILED, {
                         "rank": rp.rank, "error": f"the checkpoint was written but could not be stored: {exc}"}
             self.emit(etype, data)
+            if number is not None:
+                rp.released = max(rp.released, number)
 
     async def _wait(self, rp: RankProcess) -> None:
         code = await rp.proc.wait()
@@ -303,17 +340,59 @@ class JobRun:
                     pass
 
 
-async def _drain_output(rp: RankProcess) -> None:
+async def _until(condition: Callable[[], bool], timeout: float) -> None:
+    """Yield to the other readers until ``condition`` holds (at most ``timeout`` seconds: a rank
+    killed between its mark and its message must not hold its output back for good)."""
+    deadline = time.monotonic() + timeout
+    spins = 0
+    while not condition() and time.monotonic() < deadline:
+        spins += 1
+        await asyncio.sleep(0 if spins < 100 else 0.002)
+
+
+async def _drain_output(rp: RankProcess, timeout: float = 2.0) -> None:
     """Let the output pumps pass on every whole line the rank wrote before its last control
-    message. Its output is unbuffered and was written first, so those lines are already in the
-    readers' buffers: afterwards a ``checkpointed`` event follows exactly the lines printed before
-    that checkpoint (what backend/server/log_replay.py relies on)."""
-    streams = [s for s in (rp.proc.stdout, rp.proc.stderr) if s is not None]
-    for _ in range(1000):
-        await asyncio.sleep(0)
-        # StreamReader has no public peek; a partial last line stays until its newline comes.
-        if not any(b"\n" in getattr(s, "_buffer", b"") for s in streams):
-            return
+    message, for messages without an output mark. Its output is unbuffered and was written first,
+    so those bytes are, when the message is handled, either still in the kernel's pipe or in the
+    reader's buffer: wait until the pumps have passed on all of them but a partial last line.
+    Lines printed after the message may still come before it (a marked message is exact both
+    ways). A rank that prints without pause holds the event back for at most ``timeout``."""
+    targets = {}
+    for name in ("stdout", "stderr"):
+        stream = getattr(rp.proc, name, None)
+        if stream is not None:
+            targets[name] = (stream, rp.passed[name] + len(_buffered(stream)) + _in_pipe(stream))
+
+    def passed_on() -> bool:
+        for name, (stream, target) in targets.items():
+            if rp.reached[name] > rp.released:
+                continue  # its pump waits at a later mark, for a message behind this one
+            buffered = _buffered(stream)
+            if rp.passed[name] + len(buffered) < target and not stream.at_eof():
+                return False  # bytes from before the message not read from the pipe yet
+            if b"\n" in buffered[:max(0, target - rp.passed[name])]:
+                return False  # a whole line from before the message not passed on yet
+        return True
+
+    await _until(passed_on, timeout)
+
+
+def _buffered(stream: asyncio.StreamReader) -> bytes:
+    # StreamReader has no public peek; its buffer holds what was read from the pipe, not yet passed on
+    return bytes(getattr(stream, "_buffer", b""))
+
+
+def _in_pipe(stream: asyncio.StreamReader) -> int:
+    """Bytes written to the stream's pipe that its transport has not read yet (0 if unknown)."""
+    transport = getattr(stream, "_transport", None)
+    pipe = transport.get_extra_info("pipe") if transport is not None else None
+    try:
+        fd = pipe.fileno() if pipe is not None else -1
+        if fd < 0:
+            return 0
+        return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder)
+    except (OSError, ValueError, AttributeError):
+        return 0
 
 
 def _read_all(fd: int) -> bytes:

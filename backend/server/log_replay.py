@@ -7,10 +7,12 @@ sequence numbers they lie between), ``logs`` leaves them out, and followers that
 them know which to drop. A job that restarts from the beginning (it had no checkpoint)
 supersedes every line of its earlier attempts.
 
-Why this is exact: a rank's output is unbuffered and its agent passes on every line the rank
-wrote before it reports a checkpoint starting or done (``JobRun._drain_output``), so in the
-event log a rank's ``checkpoint_started`` (sent at the safe point where the state is taken)
-follows exactly the lines printed before that checkpoint. Only ranks
+Why this is exact: when a rank takes a checkpoint's state it writes an output mark on its
+stdout and stderr and sends the mark's number with ``checkpoint_started``; its agent passes on
+the lines before the mark, then that event, then the lines after it
+(backend/worker/output_marks.py), so in the event log a rank's ``checkpoint_started`` lies
+exactly between the lines printed before and after that checkpoint, whichever pipe the agent
+happened to read first. Only ranks
 that report their own checkpoint are superseded this way (one-rank jobs; in data-parallel jobs
 rank 0 reports the commit later, so its surplus lines are kept: a line may repeat, none is lost).
 """

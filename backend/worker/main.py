@@ -18,6 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from . import output_marks
 from .workdir import enter as enter_workdir
 
 RESULT_REPR_LIMIT = 20_000
@@ -31,12 +32,16 @@ class ControlChannel:
         fd = os.environ.get("SINGULARITY_CONTROL_FD")
         self._out = os.fdopen(int(fd), "w", buffering=1) if fd else None
         self._lock = threading.Lock()
+        self._marks = 0
 
     def send(self, type: str, data: dict[str, Any]) -> None:
         if self._out is None:
             return
-        line = json.dumps({"type": type, "data": data}, default=str)
         with self._lock:
+            if type in output_marks.MARKED:
+                self._marks += 1
+                data = {**data, "output_mark": {"number": self._marks, "streams": output_marks.write(self._marks)}}
+            line = json.dumps({"type": type, "data": data}, default=str)
             try:
                 self._out.write(line + "\n")
             except (BrokenPipeError, OSError):

@@ -49,8 +49,11 @@ def test_server_extension_lifecycle(tmp_path):
         # Jupyter's own auth guards the API; the backend's token never reaches the browser.
         assert httpx.get(f"{api}/health").status_code == 403
         assert httpx.get(f"{api}/health", headers={"Authorization": "token wrong"}).status_code == 403
-        health = httpx.get(f"{api}/health", headers=jp.headers).json()
-        assert health["ok"] and health["nodes"] == 1
+        # The backend answers before its node agent has registered (a job submitted meanwhile queues).
+        def health() -> dict:
+            return httpx.get(f"{api}/health", headers=jp.headers).json()
+        assert health()["ok"]
+        wait_until(lambda: health()["nodes"] == 1, timeout=60, what="the embedded node agent to register")
 
         r = httpx.post(f"{api}/jobs", headers=jp.headers, json={"source": "print('via jupyter')\n6 * 7", "name": "proxied"})
         assert r.status_code == 201, r.text
