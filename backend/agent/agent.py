@@ -242,7 +242,12 @@ class Agent:
                 await asyncio.to_thread(self.transfer.fence, spec.job_id, spec.attempt)
                 if spec.restore:
                     await asyncio.to_thread(self.transfer.download, spec.job_id)
+            exchange = None
+            if self.transfer is not None and len(spec.ranks) < spec.world_size:  # its parts meet in the store
+                exchange = self.transfer.exchange(spec.job_id, spec.attempt, spec.world_size, [r.rank for r in spec.ranks])
             await run.start()
+            if exchange is not None:
+                asyncio.create_task(exchange.run(run.done))
         except Exception as exc:  # cannot even spawn: report as a failed rank so the job ends
             log.exception("could not start %s", spec.job_id)
             for rs in spec.ranks:

@@ -1,0 +1,101 @@
+"""A data-parallel job whose ranks sit on nodes that share no checkpoint folder, only a store
+(``serve --store URL``): each node's ranks write their parts into that node's own cache, and the
+parts meet through the store, so the job checkpoints, is preempted, resized and moved, and ends
+exactly as an uninterrupted run."""
+from __future__ import annotations
+
+import os
+
+from exactness import rank_lines, source, wait_for_lines
+from backend.agent.transfer import CheckpointTransfer
+from backend.proxy import digest
+from backend.proxy.store import BLOB_DIR, CheckpointStore
+from singularity_sdk import EventType, JobState, LocalCluster
+
+STEPS = 30
+ENV = {"STEPS": str(STEPS)}
+
+
+def _part(root, step: int, rank: int, world: int, blob: bytes) -> None:
+    """Rank ``rank``'s part of checkpoint ``step``, with one blob as the ranks of a replica share."""
+    def writer(f):
+        f.blob_dir.mkdir(exist_ok=True)
+        h = digest.new()
+        h.update(blob)
+        name = h.hexdigest()
+        (f.blob_dir / name).write_bytes(blob)
+        f.blobs[name] = len(blob)
+        f.write(f"rank {rank} of step {step}".encode())
+    CheckpointStore(root).write(step, rank, world, writer)
+
+
+def test_parts_written_on_three_nodes_commit_on_rank_0s_node_only(tmp_path):
+    store = f"file://{tmp_path / 'store'}"
+    caches = {n: tmp_path / n for n in ("a", "b", "c")}
+    ranks = {"a": [0, 2], "b": [1], "c": [3]}
+    ex = {n: CheckpointTransfer(store, caches[n]).exchange("j", 1, 4, ranks[n]) for n in caches}
+    for n, rs in ranks.items():
+        for r in rs:
+            _part(caches[n] / "j", 7, r, 4, b"x" * 100)
+    ex["a"].step()  # nothing of the others is up yet: nothing commits
+    assert not (caches["a"] / "j" / "ckpt-00000007").exists()
+    ex["b"].step()
+    ex["c"].step()
+    assert not (caches["b"] / "j" / ".ckpt-00000007.tmp").exists(), "the sender keeps no staging folder"
+    ex["a"].step()
+    ref = CheckpointStore(caches["a"] / "j").latest()
+    assert ref is not None and ref.step == 7 and ref.world_size == 4
+    assert {ref.rank_file(r).read_text() for r in range(4)} == {f"rank {r} of step 7" for r in range(4)}
+    assert [p.read_bytes() for p in ref.blob_dir.iterdir()] == [b"x" * 100]
+    assert not (tmp_path / "store" / "j" / "parts" / "a1" / "ckpt-00000007").exists(), "parts are dropped once in"
+
+
+def test_parts_of_a_crashed_attempt_never_join_a_checkpoint(tmp_path):
+    store = f"file://{tmp_path / 'store'}"
+    a, b = tmp_path / "a", tmp_path / "b"
+    _part(b / "j", 5, 1, 2, b"old")  # left by attempt 1 on node b, before attempt 2 started
+    old = b / "j" / ".ckpt-00000005.tmp" / "rank-1.json"
+    os.utime(old, (1, 1))
+    ta, tb = CheckpointTransfer(store, a), CheckpointTransfer(store, b)
+    ta.fence("j", 2)
+    ex_a, ex_b = ta.exchange("j", 2, 2, [0]), tb.exchange("j", 2, 2, [1])
+    _part(a / "j", 5, 0, 2, b"new")
+    ex_b.step()
+    ex_a.step()
+    assert CheckpointStore(a / "j").latest() is None
+    (b / "j" / ".ckpt-00000005.tmp").rename(b / "j" / "gone")
+    _part(b / "j", 5, 1, 2, b"new")
+    ex_b.step()
+    ex_a.step()
+    ref = CheckpointStore(a / "j").latest()
+    assert ref is not None and [p.read_bytes() for p in ref.blob_dir.iterdir()] == [b"new"]
+
+
+def test_a_data_parallel_job_spread_over_nodes_checkpoints_through_the_store(tmp_path):
+    store = tmp_path / "store"
+    with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "h", store=f"file://{store}",
+                      checkpoint_timeout=120) as cluster, cluster.client() as client:
+        plain = client.submit(source("ddp_train.py"), gpus=2, env=ENV, name="ddp-plain")
+        assert plain.wait(180) == JobState.SUCCEEDED, plain.info.error
+        assert {p.node for p in plain.info.placement} == {"node-1", "node-2"}
+        reference = rank_lines(plain), plain.result()
+
+        job = client.submit(source("ddp_train.py"), gpus=2, env=ENV, name="ddp-spread")
+        wait_for_lines(job, 12)
+        assert {p.node for p in job.refresh().placement} == {"node-1", "node-2"}
+        job.preempt(timeout=120)  # a checkpoint of two parts written on two nodes
+        assert job.state == JobState.PREEMPTED
+        ck = [e for e in job.events(follow=False) if e.type == EventType.CHECKPOINTED]
+        assert ck and str(store) in ck[-1].data["store_path"]
+        job.resume()
+        wait_for_lines(job, 30)
+        job.resize(1, timeout=120)  # both ranks on one device of one node
+        assert len(job.info.placement) == 1
+        wait_for_lines(job, 42)
+        job.resize(2, timeout=120)  # and spread over both nodes again
+        assert {p.node for p in job.info.placement} == {"node-1", "node-2"}
+        assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+        assert (rank_lines(job), job.result()) == reference
+        caches = [cluster.home / "agents" / n / "checkpoint-cache" for n in ("node-1", "node-2")]
+        assert not any((c / job.id).exists() and any((c / job.id).glob(".ckpt-*.tmp")) for c in caches), \
+            "parts of a checkpoint were left behind in a node's cache"
