@@ -116,10 +116,15 @@ class RoundState:
         #: node index -> jobs on it at the start of the round (only those untouched stay victims)
         self.node_jobs: dict[int, list[RJob]] = {}
         self.held_by: dict[tuple[int, str], int] = {}
+        #: bumped whenever ``nfree`` or ``las_cats`` change; keys the cache of ``_most``
+        self.version = 0
+        self._most: dict[tuple, tuple[int, int]] = {}
         self.jobs: dict[str, RJob] = {}
         self.waiting: list[RJob] = []
         self.shrunk: list[RJob] = []
         self.actions: list[Action] = []
+        #: placements by taking devices from running jobs still allowed this round
+        self.takes_left = config.max_takes_per_round if config.max_takes_per_round is not None else 1 << 62
         #: job id -> devices held back for it this round (a starving job that did not fit)
         self.reserved: dict[str, Placement] = {}
         #: jobs whose user is over a tier quota: the tier they run at this round
@@ -245,6 +250,7 @@ class RoundState:
             return
         shrink_cat = SHRINK_BASIC if job.rank == 0 else SHRINK_STANDARD
         upto = job.las_victim + 1  # counted in every "at least k" row with k <= its class
+        self.version += 1
         for i, (freed, kept) in job.contrib.items():
             self.las_cats[:upto, shrink_cat, i] -= freed
             self.las_cats[:upto, shrink_cat + 1, i] -= kept
@@ -253,12 +259,14 @@ class RoundState:
     # ------------------------------------------------------------------ device bookkeeping
 
     def give_devices(self, placement: Placement) -> None:
+        self.version += 1
         for node, devs in placement.items():
             if node in self.free.free:
                 self.free.give(node, devs)
                 self.nfree[self.index[node]] += len(devs)
 
     def take_devices(self, placement: Placement) -> None:
+        self.version += 1
         for node, devs in placement.items():
             if node in self.free.free:  # devices on unschedulable nodes are not tracked
                 self.free.take(node, devs)
@@ -338,6 +346,17 @@ class RoundState:
         nodes of the largest size (for the whole-node part of a multi-node job). ``las``: see
         :meth:`capacity`.
         """
+        key = (cats, las)
+        hit = self._most.get(key)
+        if hit is None or hit[0] != self.version:
+            # the most devices any node could offer (free + every category): most waiting jobs
+            # find no node, and this bound, kept until the counts change, says so at once
+            avail = self.nfree.copy()
+            for c in cats:
+                avail += self.capacity(c, las)
+            hit = self._most[key] = (self.version, int(avail.max()))
+        if hit[1] < p:
+            return []
         need = p - self.nfree
         rem = np.maximum(need, 0)
         cost = np.zeros(len(self.names))

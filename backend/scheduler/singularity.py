@@ -155,7 +155,7 @@ class _Tier:
         st = self.state
         if st.free.total > 0:
             return False
-        if self.free_only:
+        if self.free_only or st.takes_left <= 0:
             return True
         for rank in self.ranks:
             cats = list(LOWER[rank] + ((SHRINK_STANDARD,) if self._same_tier(rank) else ()))
@@ -169,10 +169,12 @@ class _Tier:
         return True
 
     def _same_tier(self, rank: int) -> bool:
-        return rank == 1 and self.state.config.same_tier_shrink and not self.free_only
+        st = self.state
+        return rank == 1 and st.config.same_tier_shrink and not self.free_only and st.takes_left > 0
 
     def _las(self, rank: int) -> bool:
-        return rank < 2 and self.state.config.las_take and not self.free_only
+        st = self.state
+        return rank < 2 and st.config.las_take and not self.free_only and st.takes_left > 0
 
     def _las_cats(self, rank: int) -> tuple[int, ...]:
         return LAS_ACROSS if self.across else LAS_TAKE[rank]
@@ -245,6 +247,7 @@ class _Tier:
                     break
                 placement = reclaim(st, job, p, cats, las=True)
                 if placement is not None:
+                    st.takes_left -= 1
                     how = (
                         f"took devices from jobs that have had far more service"
                         f" (least attained service first; it has had {job.attained / 3600:.2f} device-hours)"
@@ -256,6 +259,7 @@ class _Tier:
         if self._same_tier(rank) and job.start_min < self.fail_user.get(job.user, 1 << 30):
             placement = reclaim(st, job, job.start_min, SAME_TIER)
             if placement is not None:
+                st.takes_left -= 1
                 how = "took devices from standard jobs of users holding more (fair share)"
                 st.place(job, placement, _place_reason(job, placement, job.start_min, how, st))
                 return True
@@ -268,15 +272,17 @@ class _Tier:
         placement = st.free.pick(p, only=job.view.nodes)
         if placement is not None:
             return placement, "free devices"
-        if self.free_only or job.view.nodes is not None:
+        if self.free_only or job.view.nodes is not None or st.takes_left <= 0:
             return None  # making room elsewhere could free devices it may not use
         placement = defragment(st, job, p)
         if placement is not None:
+            st.takes_left -= 1
             return placement, "after migrating smaller jobs off the node (defragmentation)"
         cats = LOWER[job.rank]
         if cats:
             placement = reclaim(st, job, p, cats)
             if placement is not None:
+                st.takes_left -= 1
                 return placement, "took devices back from lower tiers"
         return None
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 from singularity_sdk.protocol import SLA
 
@@ -72,6 +73,11 @@ class PolicyConfig:
     #: first in its tier, oldest first, and when it does not fit, the free devices of the node
     #: nearest to fitting it are held back for it (no starvation, large jobs included)
     starvation_horizon_s: float = 48 * 3600.0
+    #: most waiting jobs placed in one round by taking devices from running jobs (shrinking,
+    #: preempting or migrating them); the rest wait for the next round (None: no limit). The
+    #: live server applies one round's moves before the next anyway; the bound keeps a round
+    #: over 10,000 jobs in front of a full cluster from planning thousands of moves
+    max_takes_per_round: Optional[int] = 128
 
     def __post_init__(self) -> None:
         if self.las_take_gap < 1:
