@@ -100,7 +100,7 @@ class BackendManager:
     def _launch(self, home: Path) -> BackendInfo:
         (home / "logs").mkdir(parents=True, exist_ok=True)
         (home / "server.json").unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "singularity_sdk.cli", "serve", "--home", str(home), "--port", str(self._port),
+        cmd = [sys.executable, "-m", "backend", "serve", "--home", str(home), "--port", str(self._port),
                "--nodes", str(0 if self.ray else self.nodes)]
         if self.ray:
             cmd += ["--ray", self.ray]

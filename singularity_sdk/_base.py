@@ -120,7 +120,7 @@ class BaseClient:
 
 def pack_workdir(folder: str) -> bytes:
     """The job's folder as the synced copy, or InvalidRequest naming the cap before any upload."""
-    from backend.proxy.files import WorkdirTooLarge, pack
+    from .folders import WorkdirTooLarge, pack
 
     try:
         return pack(folder)
@@ -222,7 +222,7 @@ class JobBase:
         where = ", ".join(f"{p.node}{p.devices}" for p in self.info.placement)
         return f"<Job {self.id} {self.name!r} {self.state.value}{' on ' + where if where else ''}>"
 
-    def _outcome(self, payload: dict[str, Any]) -> Any:
+    def decode_result(self, payload: dict[str, Any]) -> Any:
         """Turn a finished job's result payload into its value (or the right exception)."""
         if self.state == JobState.FAILED:
             raise JobFailed(self.id, self.info.error or "(no traceback recorded)")
@@ -239,7 +239,7 @@ class JobBase:
 
     def _outputs(self, payload: dict[str, Any]) -> dict[str, Any]:
         if self.state != JobState.SUCCEEDED:
-            self._outcome(payload)  # raises the right error
+            self.decode_result(payload)  # raises the right error
         skipped = payload.get("outputs_skipped") or {}
         if skipped:
             warnings.warn("not returned from job " + self.id + ": "

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from ._base import script_name
 from .client import Client, Job
@@ -24,23 +24,6 @@ def _client(args: argparse.Namespace) -> Client:
 
 def _print_json(payload: Any) -> None:
     print(json.dumps(payload, indent=2, default=str))
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from backend.server.main import run
-
-    run(args.home, args.host, args.port, args.nodes, args.devices_per_node, args.store, args.checkpoint_every,
-        args.node_timeout, args.policy, args.min_move_interval, args.move_cost,
-        checkpoint_timeout=args.checkpoint_timeout, tls_cert=args.tls_cert, tls_key=args.tls_key, ca=args.ca,
-        ray_address=args.ray)
-    return 0
-
-
-def cmd_agent(rest: list[str]) -> int:
-    from backend.agent.agent import main
-
-    main(rest)
-    return 0
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -233,7 +216,10 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         devs = " ".join(f"{d.index}:{n.used.get(d.index, '-')}" for d in n.devices)
         kinds = ",".join(sorted({d.kind for d in n.devices}))
         rows.append([n.name, n.state.value, f"{len(n.devices)} {kinds}", n.address or "-", devs])
-    print(table(["node", "state", "devices", "address", "in use (device:job)"], rows))
+        if any(m.ray_node_id for m in nodes):  # agents placed on a Ray cluster (serve --ray)
+            rows[-1].insert(4, n.ray_node_id or "-")
+    ray = ["ray node id"] if any(n.ray_node_id for n in nodes) else []
+    print(table(["node", "state", "devices", "address", *ray, "in use (device:job)"], rows))
     return 0
 
 
@@ -270,19 +256,26 @@ def cmd_quota(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    from backend.scheduler.simulator import run_args
-
-    return run_args(args) or 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
-
-    return run_demo(nodes=args.nodes, devices_per_node=args.devices_per_node)
+#: the entry-point group through which installed packages add commands (the service adds serve,
+#: agent, simulate and demo: backend/commands.py), so that this client imports none of them
+COMMANDS_GROUP = "singularityctl.commands"
+Register = Callable[[Callable[..., argparse.ArgumentParser]], Optional[dict[str, Callable[[list[str]], int]]]]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _installed_commands() -> list[Register]:
+    from importlib.metadata import entry_points
+
+    found = []
+    for ep in entry_points(group=COMMANDS_GROUP):
+        try:
+            found.append(ep.load())
+        except Exception as exc:  # a broken plug-in must not take the client's commands with it
+            print(f"singularityctl: the commands of {ep.value} are unavailable: {exc}", file=sys.stderr)
+    return found
+
+
+def build_parser(extra: Sequence[Register] = ()) -> argparse.ArgumentParser:
+    """The parser; ``parser.passthrough`` maps commands that parse their own arguments to them."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=None, help="server URL (default: SINGULARITY_URL or server.json)")
     common.add_argument("--token", default=None, help="API token (default: SINGULARITY_TOKEN or server.json)")
@@ -293,39 +286,6 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, help: str, add_help: bool = True) -> argparse.ArgumentParser:
         """A subcommand that also takes --url/--token/--home (after its name)."""
         return sub.add_parser(name, help=help, add_help=add_help, parents=[common] if add_help else [])
-
-    s = add("serve", help="run the server (and local node agents)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=0, help="0 picks a free port (see server.json)")
-    s.add_argument("--nodes", type=int, default=0, help="local node agents to start beside the server")
-    s.add_argument("--devices-per-node", type=int, default=None, help="CPU slots per local node (where no GPU)")
-    s.add_argument("--store", default=None, metavar="URL",
-                   help="checkpoint store for nodes that share no filesystem (fsspec URL); local agents "
-                        "then keep separate caches")
-    s.add_argument("--checkpoint-every", type=float, default=None, metavar="SECONDS",
-                   help="cluster default for periodic checkpoints (default 600; 0 turns them off)")
-    s.add_argument("--checkpoint-timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="a preempt, migrate or resize that finds no safe point this long is answered "
-                        "checkpoint_failed (saying where the job is) and the job runs on")
-    s.add_argument("--node-timeout", type=float, default=10.0, metavar="SECONDS",
-                   help="a node whose agent is silent this long is lost; its jobs resume elsewhere")
-    s.add_argument("--policy", choices=["singularity", "fifo"], default="singularity",
-                   help="scheduling policy (docs/scheduling.md)")
-    s.add_argument("--min-move-interval", type=float, default=60.0, metavar="SECONDS",
-                   help="a job preempted or moved by the scheduler is left alone this long")
-    s.add_argument("--move-cost", type=float, default=5.0, metavar="SECONDS",
-                   help="what the policy assumes a preemption or migration costs (defragmentation weighs it)")
-    s.add_argument("--tls-cert", default=None, metavar="PEM", help="serve HTTPS with this certificate (with --tls-key)")
-    s.add_argument("--tls-key", default=None, metavar="PEM", help="the certificate's private key")
-    s.add_argument("--ca", default=None, metavar="PEM",
-                   help="the CA that signed --tls-cert, for clients and local agents (default: the certificate "
-                        "itself, as for a self-signed one); written to server.json")
-    s.add_argument("--ray", default=None, metavar="ADDRESS",
-                   help="run one node agent per Ray node with GPUs ('auto', or HOST:PORT as for ray.init); "
-                        "needs the ray extra: pip install 'singularity-notebooks[ray]'")
-    s.set_defaults(fn=cmd_serve)
-
-    add("agent", help="run a node agent (see 'singularityctl agent --help')", add_help=False)
 
     s = add("submit", help="submit a script (or - for stdin); 'submit FILE [options] -- ARGS...' passes "
                            "ARGS as its sys.argv[1:]; it runs in the current directory")
@@ -433,25 +393,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_quota)
 
-    s = add("simulate", help="replay a job trace through the scheduling policies (simulated clock)")
-    from backend.scheduler.simulator import add_arguments
-
-    add_arguments(s)
-    s.set_defaults(fn=cmd_simulate)
-
-    s = add("demo", help="start a local cluster and run the demo training job")
-    s.add_argument("--nodes", type=int, default=2)
-    s.add_argument("--devices-per-node", type=int, default=2)
-    s.set_defaults(fn=cmd_demo)
+    passthrough: dict[str, Callable[[list[str]], int]] = {}
+    for register in dict.fromkeys([*extra, *_installed_commands()]):
+        passthrough.update(register(add) or {})
+    p.passthrough = passthrough  # type: ignore[attr-defined]
     return p
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None, extra: Sequence[Register] = ()) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    # 'agent' has its own parser (shared with 'python -m backend.agent'): hand it the rest.
-    if argv[:1] == ["agent"]:
-        return cmd_agent(argv[1:])
+    parser = build_parser(extra)
+    # e.g. 'agent', whose parser is shared with 'python -m backend.agent': hand it the rest.
+    if argv and argv[0] in parser.passthrough:  # type: ignore[attr-defined]
+        return parser.passthrough[argv[0]](argv[1:])  # type: ignore[attr-defined]
     # 'submit FILE [options] -- ARGS...': everything after the first '--' is the script's own argv.
     script_args: list[str] = []
     if argv[:1] == ["submit"] and "--" in argv:

@@ -75,7 +75,7 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         server_json = self.home / "server.json"
         server_json.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "singularity_sdk.cli", "serve", "--home", str(self.home), "--port",
+        cmd = [sys.executable, "-m", "backend", "serve", "--home", str(self.home), "--port",
                str(self.port), "--nodes", str(0 if self.ray else self.nodes), "--devices-per-node", str(self.devices_per_node),
                *self.extra_args]
         env = {**os.environ, "SINGULARITY_HOME": str(self.home), **self.env}

@@ -13,6 +13,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from .folders import MAX_WORKDIR_BYTES  # noqa: F401  (the largest synced copy of a job's folder)
+
 PROTOCOL_VERSION = 1
 API_PREFIX = "/api/v1"
 
@@ -25,8 +27,6 @@ MAX_INPUTS_BYTES = 64 * 1024 * 1024
 #: Most command-line arguments a job may carry (``sys.argv[1:]``), and their total size.
 MAX_ARGS = 4096
 MAX_ARGS_BYTES = 256 * 1024
-#: Largest synced copy of a job's folder (its files' sizes summed; backend.proxy.files has the same).
-MAX_WORKDIR_BYTES = 32 * 1024 * 1024
 #: Most ranks a job may time-share one device with (replica splicing beyond this only thrashes).
 MAX_RANKS_PER_DEVICE = 16
 #: Most variables a job may return, and most environment variables it may set.
@@ -36,8 +36,6 @@ MAX_ENV = 256
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Largest agent sequence number or attempt (SQLite integers are 64-bit).
 MAX_SEQ = 2**62
-#: A worker exits with this code after writing the checkpoint it was asked to stop at.
-EXIT_PREEMPTED = 75
 
 
 class JobState(str, enum.Enum):
@@ -380,7 +378,8 @@ class StartJob(Strict):
     args: list[str] = Field(default_factory=list)
     workdir: Optional[str] = None
     workdir_b64: Optional[str] = None
-    restore: Optional[str] = Field(None, description="checkpoint to resume from")
+    restore: bool = Field(False, description="resume from the newest usable checkpoint of the job (its store "
+                                             "picks it, so a damaged newest one falls back to the one before)")
     checkpoint_every: Optional[float] = None
     layout: Optional[str] = Field(None, description="jobs of several ranks: the logical ranks of each device "
                                                     "slot, in physical order, e.g. '0,1|2,3' (two ranks per device)")

@@ -26,6 +26,10 @@ import socket
 import sys
 from typing import Any, Optional
 
+from backend.contract import ENV_CONTROL_FD
+
+from .sandbox import JOB_UMASK_ENV
+
 log = logging.getLogger("singularity.agent")
 
 #: what a worker may need, imported once by the zygote (missing ones are skipped)
@@ -62,10 +66,10 @@ def _child(request: dict[str, Any], fds: list[int], sock_fd: int) -> None:
             if fd > CONTROL_FD:
                 os.close(fd)
         os.chdir(request["cwd"])
-        os.umask(int(request["env"].get("SINGULARITY_JOB_UMASK", "022"), 8))  # not the service's 077
+        os.umask(int(request["env"].get(JOB_UMASK_ENV, "022"), 8))  # not the service's 077
         os.environ.clear()
         os.environ.update(request["env"])
-        os.environ["SINGULARITY_CONTROL_FD"] = str(CONTROL_FD)
+        os.environ[ENV_CONTROL_FD] = str(CONTROL_FD)
         sys.stdin = open(0, "r", closefd=False)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)

@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
 
+from backend import contract
+from backend.contract import EXIT_PREEMPTED
 from backend.proxy.store import CheckpointStore
 from backend.worker import output_marks
-from singularity_sdk.protocol import EXIT_PREEMPTED, DeviceInfo, EventType, StartJob
+from singularity_sdk.protocol import DeviceInfo, EventType, StartJob
 
 from . import sandbox
 from .devices import slot_cores
@@ -104,40 +106,40 @@ class JobRun:
             "CUDA_VISIBLE_DEVICES": ",".join(d.uuid or str(d.index) for d in gpus),
             "OMP_NUM_THREADS": threads,
             "MKL_NUM_THREADS": threads,
-            "SINGULARITY_THREADS": threads,
-            "SINGULARITY_JOB_ID": spec.job_id,
-            "SINGULARITY_ATTEMPT": str(spec.attempt),
-            "SINGULARITY_DEVICES": json.dumps([d.model_dump() for d in devs]),
-            "SINGULARITY_CHECKPOINT_DIR": str(self.checkpoint_root / spec.job_id),
+            contract.ENV_THREADS: threads,
+            contract.ENV_JOB_ID: spec.job_id,
+            contract.ENV_ATTEMPT: str(spec.attempt),
+            contract.ENV_DEVICES: json.dumps([d.model_dump() for d in devs]),
+            contract.ENV_CHECKPOINT_DIR: str(self.checkpoint_root / spec.job_id),
             # synced copies of jobs' folders (backend/worker/workdir.py), under the agent's home
-            "SINGULARITY_WORKDIR_ROOT": str((self.run_dir.parent.parent / "workdirs").resolve()),
+            contract.ENV_WORKDIR_ROOT: str((self.run_dir.parent.parent / "workdirs").resolve()),
             "PYTHONUNBUFFERED": "1",
         })
         cpu_slots = [d for d in devs if d.kind == "cpu"]
         if cpu_slots and os.environ.get(PIN_ENV, "1") != "0":
             slots = sum(1 for d in self.devices.values() if d.kind == "cpu")
             cores = sorted({c for d in cpu_slots for c in slot_cores(d.index, slots)})
-            env["SINGULARITY_CPUS"] = ",".join(map(str, cores))
+            env[contract.ENV_CPUS] = ",".join(map(str, cores))
         if spec.layout:
             # Ranks that share a slot take turns on it. LOCAL_RANK / LOCAL_WORLD_SIZE stay
             # torchrun's (this job's ranks on this node: "local rank 0 downloads the data" must
             # hold once per node), except on GPUs: a rank sees only its own device, as cuda:0,
             # so code that indexes devices by LOCAL_RANK needs 0 there.
-            env["SINGULARITY_PLACEMENT"] = spec.layout
+            env[contract.ENV_PLACEMENT] = spec.layout
             if gpus:
                 env.update({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
         return env
 
     async def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        spec_path = self.run_dir / "spec.json"
+        spec_path = self.run_dir / contract.SPEC_FILE
         spec_path.write_text(self.spec.model_dump_json())
         for rs in self.spec.ranks:
-            rank_dir = self.run_dir / f"rank-{rs.rank}"
+            rank_dir = contract.rank_dir(self.run_dir, rs.rank)
             rank_dir.mkdir(exist_ok=True)
             r_fd, w_fd = os.pipe()
             env = self._env(rs)
-            env["SINGULARITY_CONTROL_FD"] = str(w_fd)
+            env[contract.ENV_CONTROL_FD] = str(w_fd)
             argv = [str(spec_path), str(rank_dir)]
             proc: Any = None
             pgid: Optional[int] = None
@@ -183,12 +185,12 @@ class JobRun:
         ckpt.mkdir(parents=True, exist_ok=True)
         visible = [self.run_dir, ckpt]
         if self.spec.workdir_b64:
-            copy = Path(env["SINGULARITY_WORKDIR_ROOT"], self.spec.job_id)
+            copy = Path(env[contract.ENV_WORKDIR_ROOT], self.spec.job_id)
             copy.mkdir(parents=True, exist_ok=True)
             visible.append(copy)
         if self.spec.workdir:
             visible.append(Path(self.spec.workdir))
-        env = {**env, "SINGULARITY_SANDBOXED": "1"}
+        env = {**env, contract.ENV_SANDBOXED: "1"}
         info_r, info_w = os.pipe()
         try:
             cmd = sandbox.command(self.bwrap, [sys.executable, "-m", "backend.worker", *argv], self.hidden,
@@ -267,11 +269,11 @@ class JobRun:
             code = sandbox.exit_code(code)
         self.exit_codes[rp.rank] = code
         await asyncio.gather(*rp.readers, return_exceptions=True)
-        rank_dir = self.run_dir / f"rank-{rp.rank}"
+        rank_dir = contract.rank_dir(self.run_dir, rp.rank)
         if rp.rank == 0 and code == 0:
             self._emit_result(rank_dir)
         error = None
-        err_file = rank_dir / "error.txt"
+        err_file = rank_dir / contract.ERROR_FILE
         if err_file.exists():
             error = err_file.read_text(errors="replace")
         data: dict[str, Any] = {"rank": rp.rank, "code": code}
@@ -287,13 +289,13 @@ class JobRun:
         self.emit(EventType.WORKER_EXITED, data)
 
     def _emit_result(self, rank_dir: Path) -> None:
-        res = rank_dir / "result.pkl"
-        rep = rank_dir / "result.repr"
-        err = rank_dir / "result.error"
+        res = rank_dir / contract.RESULT_PICKLE
+        rep = rank_dir / contract.RESULT_REPR
+        err = rank_dir / contract.RESULT_ERROR
         if not (res.exists() or err.exists()):
             return
-        outs = rank_dir / "outputs.pkl"
-        skipped = rank_dir / "outputs.skipped"
+        outs = rank_dir / contract.OUTPUTS_PICKLE
+        skipped = rank_dir / contract.OUTPUTS_SKIPPED
         self.emit(EventType.RESULT, {
             "outputs_b64": base64.b64encode(outs.read_bytes()).decode() if outs.exists() else None,
             "outputs_skipped": json.loads(skipped.read_text()) if skipped.exists() else {},

@@ -16,10 +16,11 @@ import threading
 import traceback
 import types
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-EXIT_PREEMPTED = 75
+from backend.contract import EXIT_PREEMPTED
 
+from .launch import say
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m backend.proxy", description=__doc__.split("\n\n")[0])
@@ -45,10 +46,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.script_args = script_args
     return args
-
-
-def _say(kind: str, data: Any) -> None:
-    print(f"[proxy] {kind} {json.dumps(data, default=str)}", file=sys.stderr, flush=True)
 
 
 def _fix_threads(torch: types.ModuleType, threads: int) -> None:
@@ -89,15 +86,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
 
     store = CheckpointStore(args.checkpoint_dir, keep=args.keep)
-    controller = Controller(store, checkpoint_every=args.checkpoint_every, on_event=_say)
+    controller = Controller(store, checkpoint_every=args.checkpoint_every, on_event=say)
     controller.write_behind = not args.write_in_line
     restore = None
     if args.restore:
         restore = store.latest()
         if restore is None:
-            _say("restore", {"checkpoint": None, "note": "no valid checkpoint; starting from the beginning"})
+            say("restore", {"checkpoint": None, "note": "no valid checkpoint; starting from the beginning"})
         else:
-            _say("restore", {"checkpoint": str(restore.path), "step": restore.step})
+            say("restore", {"checkpoint": str(restore.path), "step": restore.step})
     if args.stop_at_step is not None:
         controller.checkpoint_at_step(args.stop_at_step, "stop")
     if args.stop_after_seconds is not None:
@@ -114,7 +111,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         result = program.run(namespace, controller, restore=restore)
     except Preempted as p:
-        _say("stopped", {"step": p.checkpoint.step, "path": str(p.checkpoint.path)})
+        say("stopped", {"step": p.checkpoint.step, "path": str(p.checkpoint.path)})
         return EXIT_PREEMPTED
     except CheckpointError as e:
         print(f"[proxy] restore failed: {e}", file=sys.stderr)
@@ -133,7 +130,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.stdout.flush()
     if args.print_result and result is not None:
         print(repr(result), flush=True)
-    _say("finished", {"step": controller.last_step})
+    say("finished", {"step": controller.last_step})
     if not args.keep_checkpoints:
         store.clear()
     return 0

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from . import files
+from singularity_sdk import folders
 from .errors import CheckpointError, CheckpointFailure
 
 #: Variables the service sets for each attempt (placement, devices, rendezvous): a restored job
@@ -70,8 +70,8 @@ def _pack_carried() -> Optional[bytes]:
     if folder is None:
         return None
     try:
-        return files.pack(folder)
-    except (files.WorkdirTooLarge, OSError) as exc:
+        return folders.pack(folder)
+    except (folders.WorkdirTooLarge, OSError) as exc:
         raise CheckpointFailure(f"the job's files cannot travel with the checkpoint: {exc}") from exc
 
 
@@ -82,7 +82,7 @@ def restore(context: Optional[dict[str, Any]]) -> None:
     base = _baseline()
     if context.get("files") is not None and _carried["folder"] is not None:
         # The copy goes back to what it held at the checkpoint, like the program itself.
-        files.unpack(context["files"], _carried["folder"], replace=True)
+        folders.unpack(context["files"], _carried["folder"], replace=True)
     target = os.path.join(base["cwd"], context["cwd"]) if context["cwd_relative"] else context["cwd"]
     if not os.path.isdir(target):
         where = f"{context['cwd']!r} inside the job's folder" if context["cwd_relative"] else repr(target)

@@ -28,15 +28,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from .placement import PLACEMENT_ENV, Placement
+from backend.contract import ENV_CPUS, ENV_PLACEMENT, ENV_THREADS, EXIT_PREEMPTED
 
-THREADS_ENV = "SINGULARITY_THREADS"
+from .placement import Placement
+
 #: test hook "RANK:SECONDS:THEN": that rank alone asks for a checkpoint after SECONDS
 TEST_REQUEST_ENV = "SINGULARITY_TEST_REQUEST"
-#: cores a rank may run on (its slot's): set by launch(cpus_per_slot=...), applied by main()
-CPUS_ENV = "SINGULARITY_CPUS"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -58,11 +57,11 @@ def rank_env(rank: int, placement: Placement, master_port: int, master_addr: str
              threads: int = 1, cpus: Optional[Sequence[int]] = None) -> dict[str, str]:
     """torchrun's variables for one logical rank, plus placement, thread count and CPU cores."""
     env = {"RANK": str(rank), "WORLD_SIZE": str(placement.world_size), "MASTER_ADDR": master_addr,
-           "MASTER_PORT": str(master_port), PLACEMENT_ENV: placement.text(), THREADS_ENV: str(threads),
+           "MASTER_PORT": str(master_port), ENV_PLACEMENT: placement.text(), ENV_THREADS: str(threads),
            "OMP_NUM_THREADS": str(threads)}
     env.update(placement.local_env(rank))
     if cpus is not None:
-        env[CPUS_ENV] = ",".join(str(c) for c in cpus)
+        env[ENV_CPUS] = ",".join(str(c) for c in cpus)
     return env
 
 
@@ -291,7 +290,10 @@ def launch(script: Path, placement: Placement, args: Sequence[str] = (), env: Op
         tmp.cleanup()
 
 
-from .__main__ import EXIT_PREEMPTED, _say  # noqa: E402  (one wire format for both CLIs)
+def say(kind: str, data: Any) -> None:
+    """A diagnostic for the launching process: one ``[proxy] KIND JSON`` line on stderr (the
+    wire format of both ``python -m backend.proxy`` and this launcher; stdout is the script's)."""
+    print(f"[proxy] {kind} {json.dumps(data, default=str)}", file=sys.stderr, flush=True)
 
 
 def _run_engine(script: str, checkpoint_dir: Path, restore: bool) -> int:
@@ -310,15 +312,15 @@ def _run_engine(script: str, checkpoint_dir: Path, restore: bool) -> int:
     sys.modules["__main__"] = module
     program = ResumableProgram.from_source(Path(script).read_text(), script)
     store = CheckpointStore(checkpoint_dir)
-    controller = (DistributedController(store, rank, world, on_event=_say) if world > 1
-                  else Controller(store, on_event=_say))
+    controller = (DistributedController(store, rank, world, on_event=say) if world > 1
+                  else Controller(store, on_event=say))
     ref = store.latest() if restore else None
     if ref is not None:
         if ref.world_size != world:
             print(f"[proxy] checkpoint {ref.path} has {ref.world_size} ranks, this job has {world}", file=sys.stderr)
             return 2
         restore_process_group()  # the namespace's DDP modules attach to it as they load
-        _say("restore", {"checkpoint": str(ref.path), "step": ref.step})
+        say("restore", {"checkpoint": str(ref.path), "step": ref.step})
     hook = os.environ.get(TEST_REQUEST_ENV, "")
     if hook:
         who, delay, then = hook.split(":")
@@ -330,19 +332,19 @@ def _run_engine(script: str, checkpoint_dir: Path, restore: bool) -> int:
     try:
         program.run(namespace, controller, restore=ref)
     except Preempted as p:
-        _say("stopped", {"step": p.checkpoint.step, "path": str(p.checkpoint.path)})
+        say("stopped", {"step": p.checkpoint.step, "path": str(p.checkpoint.path)})
         return EXIT_PREEMPTED
     except CheckpointError as e:
         print(f"[proxy] restore failed: {e}", file=sys.stderr)
         return 2
-    _say("finished", {"step": controller.last_step})
+    say("finished", {"step": controller.last_step})
     return 0
 
 
 def pin_to_slot() -> None:
     """Run on the cores of this rank's slot (``SINGULARITY_CPUS``), if it was given some; threads
     and processes started afterwards (DataLoader workers) inherit them."""
-    cpus = os.environ.get(CPUS_ENV, "")
+    cpus = os.environ.get(ENV_CPUS, "")
     if cpus:
         os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
 
@@ -352,7 +354,7 @@ def prepare_rank(threads: Optional[int] = None, reduction: Optional[str] = None)
     change float results, so a rank gets the same count wherever it runs), and the proxy's
     collective backend in place of the one the code will ask for."""
     if threads is None:
-        threads = int(os.environ.get(THREADS_ENV, "1") or 1)
+        threads = int(os.environ.get(ENV_THREADS, "1") or 1)
     import torch
 
     torch.set_num_threads(threads)
@@ -367,7 +369,7 @@ def prepare_rank(threads: Optional[int] = None, reduction: Optional[str] = None)
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m backend.proxy.launch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=int(os.environ.get(THREADS_ENV, "1") or 1))
+    parser.add_argument("--threads", type=int, default=int(os.environ.get(ENV_THREADS, "1") or 1))
     parser.add_argument("--reduction", choices=("exact", "plain"))
     parser.add_argument("--checkpoint-dir", type=Path, help="run under the resumable engine, checkpointing here")
     parser.add_argument("--restore", action="store_true", help="with --checkpoint-dir: resume the newest checkpoint")

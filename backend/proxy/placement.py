@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-PLACEMENT_ENV = "SINGULARITY_PLACEMENT"
+from backend.contract import ENV_PLACEMENT
 
 
 @dataclass(frozen=True)
@@ -51,10 +51,10 @@ class Placement:
 
     @classmethod
     def from_env(cls, world_size: int, env: Optional[dict] = None) -> "Placement":
-        text = (env if env is not None else os.environ).get(PLACEMENT_ENV, "").strip()
+        text = (env if env is not None else os.environ).get(ENV_PLACEMENT, "").strip()
         placement = cls.parse(text) if text else cls.one_per_slot(world_size)
         if placement.world_size != world_size:
-            raise ValueError(f"{PLACEMENT_ENV}={text!r} places {placement.world_size} ranks, "
+            raise ValueError(f"{ENV_PLACEMENT}={text!r} places {placement.world_size} ranks, "
                              f"but the world size is {world_size}")
         return placement
 

@@ -8,8 +8,8 @@ import logging
 import time
 from typing import Any, Callable, Optional
 
+from backend.contract import EXIT_PREEMPTED
 from singularity_sdk.protocol import (
-    EXIT_PREEMPTED,
     MAX_RESULT_BYTES,
     AgentEvent,
     AgentHeartbeat,
@@ -171,7 +171,7 @@ class AgentSide:
         elif ae.type == EventType.RESUMED:
             emit(ae.type, {**ae.data, "node": node, "attempt": ae.attempt,
                            "placement": json.loads(row["placement_json"])}, ae.time)
-            if superseded := log_replay.after_restore(self.store, ae.job_id, ae.attempt, ae.data):
+            if superseded := log_replay.after_restore(self.store.db, ae.job_id, ae.attempt, ae.data):
                 emit(EventType.SUPERSEDED, superseded)
             moved = json.loads(row["migration_json"] or "{}")
             seconds = round(ae.time - moved.get("requested_at", ae.time), 3)
@@ -190,7 +190,7 @@ class AgentSide:
                 self.store.update_job(ae.job_id, started_at=ae.time)
             emit(EventType.STARTED, {**ae.data, "node": node}, ae.time)
             if not row["last_checkpoint_json"] and (superseded := log_replay.before_fresh_start(
-                    self.store, ae.job_id, ae.attempt)):
+                    self.store.db, ae.job_id, ae.attempt)):
                 emit(EventType.SUPERSEDED, superseded)
         elif ae.type == EventType.RESULT:
             blob = ae.data.get("pickle_b64")

@@ -19,35 +19,33 @@ rank 0 reports the commit later, so its surplus lines are kept: a line may repea
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Optional
+import sqlite3
+from typing import Any, Optional
 
 from singularity_sdk.protocol import EventType
 
-if TYPE_CHECKING:
-    from .store import Store
 
-
-def _scheduled_seq(store: "Store", job_id: str, attempt: int) -> Optional[int]:
+def _scheduled_seq(db: sqlite3.Connection, job_id: str, attempt: int) -> Optional[int]:
     """Where ``attempt`` was placed: every event before it comes from an earlier attempt."""
-    rows = store.db.execute("SELECT seq, data_json FROM events WHERE job_id=? AND type=? ORDER BY seq DESC",
+    rows = db.execute("SELECT seq, data_json FROM events WHERE job_id=? AND type=? ORDER BY seq DESC",
                             (job_id, EventType.SCHEDULED.value)).fetchall()
     return next((seq for seq, data in rows if json.loads(data).get("attempt") == attempt), None)
 
 
-def _count(store: "Store", job_id: str, ranks: Optional[list[int]], after: int, before: int) -> int:
-    rows = store.db.execute("SELECT data_json FROM events WHERE job_id=? AND type='log' AND seq>? AND seq<?",
+def _count(db: sqlite3.Connection, job_id: str, ranks: Optional[list[int]], after: int, before: int) -> int:
+    rows = db.execute("SELECT data_json FROM events WHERE job_id=? AND type='log' AND seq>? AND seq<?",
                             (job_id, after, before)).fetchall()
     return sum(1 for (d,) in rows if ranks is None or int(json.loads(d).get("rank", 0)) in ranks)
 
 
-def after_restore(store: "Store", job_id: str, attempt: int, resumed: dict[str, Any]) -> Optional[dict[str, Any]]:
+def after_restore(db: sqlite3.Connection, job_id: str, attempt: int, resumed: dict[str, Any]) -> Optional[dict[str, Any]]:
     """What the rank that just resumed supersedes: its lines after the checkpoint it restored
     (found by path, else by step) up to this attempt's placement; None when nothing is."""
     rank, path, step = resumed.get("rank", 0), resumed.get("checkpoint"), resumed.get("step")
-    before = _scheduled_seq(store, job_id, attempt)
+    before = _scheduled_seq(db, job_id, attempt)
     if before is None:
         return None
-    rows = store.db.execute("SELECT seq, data_json FROM events WHERE job_id=? AND type=? AND seq<? ORDER BY seq DESC",
+    rows = db.execute("SELECT seq, data_json FROM events WHERE job_id=? AND type=? AND seq<? ORDER BY seq DESC",
                             (job_id, EventType.CHECKPOINTED.value, before)).fetchall()
     mine = [(seq, json.loads(d)) for seq, d in rows]
     mine = [(seq, d) for seq, d in mine if d.get("rank", 0) == rank]
@@ -55,17 +53,17 @@ def after_restore(store: "Store", job_id: str, attempt: int, resumed: dict[str, 
         or next(((seq, d) for seq, d in mine if step is not None and d.get("step") == step), None)
     if found is None:
         return None
-    match = _started(store, job_id, rank, found[1].get("step"), found[0]) or found[0]
-    lines = _count(store, job_id, [rank], match, before)
+    match = _started(db, job_id, rank, found[1].get("step"), found[0]) or found[0]
+    lines = _count(db, job_id, [rank], match, before)
     if not lines:
         return None
     return {"attempt": attempt, "ranks": [rank], "after_seq": match, "before_seq": before, "lines": lines}
 
 
-def _started(store: "Store", job_id: str, rank: int, step: Any, before: int) -> Optional[int]:
+def _started(db: sqlite3.Connection, job_id: str, rank: int, step: Any, before: int) -> Optional[int]:
     """The ``checkpoint_started`` of the checkpoint reported at ``before``: the state was taken
     there (a checkpoint written in the background is reported later, after more output)."""
-    rows = store.db.execute("SELECT seq, data_json FROM events WHERE job_id=? AND type=? AND seq<? ORDER BY seq DESC",
+    rows = db.execute("SELECT seq, data_json FROM events WHERE job_id=? AND type=? AND seq<? ORDER BY seq DESC",
                             (job_id, EventType.CHECKPOINT_STARTED.value, before)).fetchall()
     for seq, d in rows:
         data = json.loads(d)
@@ -74,16 +72,16 @@ def _started(store: "Store", job_id: str, rank: int, step: Any, before: int) -> 
     return None
 
 
-def before_fresh_start(store: "Store", job_id: str, attempt: int) -> Optional[dict[str, Any]]:
+def before_fresh_start(db: sqlite3.Connection, job_id: str, attempt: int) -> Optional[dict[str, Any]]:
     """An attempt that starts from the beginning supersedes every earlier line (once)."""
-    before = _scheduled_seq(store, job_id, attempt)
+    before = _scheduled_seq(db, job_id, attempt)
     if before is None or attempt <= 1:
         return None
-    done = store.db.execute("SELECT data_json FROM events WHERE job_id=? AND type=?",
+    done = db.execute("SELECT data_json FROM events WHERE job_id=? AND type=?",
                             (job_id, EventType.SUPERSEDED.value)).fetchall()
     if any(json.loads(d).get("attempt") == attempt for (d,) in done):
         return None
-    lines = _count(store, job_id, None, 0, before)
+    lines = _count(db, job_id, None, 0, before)
     if not lines:
         return None
     return {"attempt": attempt, "ranks": None, "after_seq": 0, "before_seq": before, "lines": lines}

@@ -123,7 +123,6 @@ class Scheduling:
             ev = self._emit(job_id, EventType.SCHEDULED,
                             {"attempt": attempt, "reason": reason, "placement": placement_json})
         self._publish(row["user"], [ev])
-        checkpoint = json.loads(row["last_checkpoint_json"])["path"] if row["last_checkpoint_json"] else None
         # Rank 0 hosts the job's rendezvous: every rank, on any node, connects to its node's address.
         master_addr = next((n.address for n in self.store.nodes() if n.name == per_rank[0][0][0] and n.address),
                            "127.0.0.1")
@@ -141,7 +140,7 @@ class Scheduling:
                 env=json.loads(row["env_json"]), args=json.loads(row["args_json"]), workdir=row["workdir"],
                 workdir_b64=row["workdir_b64"],
                 checkpoint_every=every,
-                restore=checkpoint, layout=layout,
+                restore=bool(row["last_checkpoint_json"]), layout=layout,
             )
             if not self._send(node, msg):
                 info = self.store.job_info(job_id)

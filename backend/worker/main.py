@@ -18,18 +18,18 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from backend import contract
+from backend.contract import EXIT_PREEMPTED, WorkerSpec
+
 from . import output_marks
 from .workdir import enter as enter_workdir
-
-RESULT_REPR_LIMIT = 20_000
-EXIT_PREEMPTED = 75  # singularity_sdk.protocol.EXIT_PREEMPTED, not imported: see main()
 
 
 class ControlChannel:
     """Worker -> agent messages on the pipe the agent passed in ``SINGULARITY_CONTROL_FD``."""
 
     def __init__(self) -> None:
-        fd = os.environ.get("SINGULARITY_CONTROL_FD")
+        fd = os.environ.get(contract.ENV_CONTROL_FD)
         self._out = os.fdopen(int(fd), "w", buffering=1) if fd else None
         self._lock = threading.Lock()
         self._marks = 0
@@ -55,7 +55,7 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         return
-    if os.getppid() == 1 and not os.environ.get("SINGULARITY_SANDBOXED"):  # in a sandbox, pid 1 is its init
+    if os.getppid() == 1 and not os.environ.get(contract.ENV_SANDBOXED):  # in a sandbox, pid 1 is its init
         os._exit(1)
 
 
@@ -79,17 +79,17 @@ def fresh_namespace(filename: str) -> dict[str, Any]:
     return {"__name__": "__main__", "__builtins__": builtins, "__file__": filename, "__doc__": None}
 
 
-def load_program(spec: dict[str, Any], filename: str = ""):
+def load_program(spec: WorkerSpec, filename: str = ""):
     """The submitted code as a ResumableProgram: a cell/script, or a callable and its arguments."""
     from backend.proxy import ResumableProgram
 
-    if spec.get("source") is not None:
-        return ResumableProgram.from_source(spec["source"], filename or spec["filename"])
+    if spec.source is not None:
+        return ResumableProgram.from_source(spec.source, filename or spec.filename)
     import base64
 
     import cloudpickle
 
-    payload = cloudpickle.loads(base64.b64decode(spec["callable_b64"]))
+    payload = cloudpickle.loads(base64.b64decode(spec.callable_b64 or ""))
     fn, args, kwargs = payload[:3]
     source = payload[3] if len(payload) > 3 else None  # captured by the SDK: the worker has no file
     return ResumableProgram.from_callable(fn, args, kwargs, source=source)
@@ -152,8 +152,8 @@ def save_outputs(names: list[str], namespace: dict[str, Any], out_dir: Path) -> 
             skipped[name] = f"{type(namespace[name]).__name__} cannot be pickled: {exc}"
             continue
         values[name] = namespace[name]
-    (out_dir / "outputs.pkl").write_bytes(cloudpickle.dumps(values))
-    (out_dir / "outputs.skipped").write_text(json.dumps(skipped))
+    (out_dir / contract.OUTPUTS_PICKLE).write_bytes(cloudpickle.dumps(values))
+    (out_dir / contract.OUTPUTS_SKIPPED).write_text(json.dumps(skipped))
 
 
 def save_result(value: Any, out_dir: Path) -> None:
@@ -161,24 +161,23 @@ def save_result(value: Any, out_dir: Path) -> None:
         text = repr(value)
     except Exception as exc:
         text = f"<unrepresentable {type(value).__name__}: {exc}>"
-    (out_dir / "result.repr").write_text(text[:RESULT_REPR_LIMIT])
+    (out_dir / contract.RESULT_REPR).write_text(text[:contract.RESULT_REPR_LIMIT])
     try:
         import cloudpickle
 
         blob = cloudpickle.dumps(value)
     except Exception as exc:
-        (out_dir / "result.error").write_text(
+        (out_dir / contract.RESULT_ERROR).write_text(
             f"the result ({type(value).__name__}) cannot be pickled: {exc}; return plain data instead")
         return
-    tmp = out_dir / "result.pkl.tmp"
+    tmp = out_dir / f"{contract.RESULT_PICKLE}.tmp"
     tmp.write_bytes(blob)
-    os.replace(tmp, out_dir / "result.pkl")
+    os.replace(tmp, out_dir / contract.RESULT_PICKLE)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    # Plain JSON, not the pydantic model: importing the SDK would add ~100 ms to every start.
-    spec = json.loads(Path(argv[0]).read_text())
+    spec = WorkerSpec.read(Path(argv[0]))
     out_dir = Path(argv[1]).resolve()  # the job may chdir: every path of ours is absolute
     die_with_parent()
     from backend.proxy import CheckpointStore, Controller, Preempted
@@ -188,14 +187,14 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    filename = spec["filename"]
+    filename = spec.filename
     channel = ControlChannel()
-    store = CheckpointStore(Path(os.environ.get("SINGULARITY_CHECKPOINT_DIR", out_dir / "checkpoints")).resolve())
+    store = CheckpointStore(Path(os.environ.get(contract.ENV_CHECKPOINT_DIR, out_dir / "checkpoints")).resolve())
     try:
         filename = enter_workdir(spec)  # argv, cwd, sys.path[0]: as `python script.py ARGS`
     except FileNotFoundError as exc:
         sys.stderr.write(f"singularity: {exc}\n")
-        (out_dir / "error.txt").write_text(str(exc))
+        (out_dir / contract.ERROR_FILE).write_text(str(exc))
         return 1
     restore_path: list[str] = []
 
@@ -210,15 +209,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         channel.send(type, data)
 
     if world > 1:
-        controller, reporter = distributed_controller(store, rank, world, spec.get("checkpoint_every"), on_event)
+        controller, reporter = distributed_controller(store, rank, world, spec.checkpoint_every, on_event)
     else:
         controller, reporter = Controller(store, rank=rank, world_size=world,
-                                          checkpoint_every=spec.get("checkpoint_every"), on_event=on_event), None
+                                          checkpoint_every=spec.checkpoint_every, on_event=on_event), None
     namespace = fresh_namespace(filename)
     try:
         program = load_program(spec, filename)
-        restore = store.latest() if spec.get("restore") else None
-        if spec.get("restore") and restore is None:
+        restore = store.latest() if spec.restore else None
+        if spec.restore and restore is None:
             sys.stderr.write(f"singularity: no usable checkpoint under {store.root}; starting from the beginning\n")
         if restore is not None and restore.world_size != world:
             sys.stderr.write(f"singularity: checkpoint {restore.path} has {restore.world_size} ranks, this job has "
@@ -227,7 +226,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if restore is None:
             if world > 1 and rank == 0:
                 store.discard_staging(-1)  # a crashed attempt's parts must not join a new checkpoint
-            load_inputs(spec.get("inputs_b64"), namespace)
+            load_inputs(spec.inputs_b64, namespace)
         else:
             restore_path.append(str(restore.path))  # "resumed" is reported once it is in place
             if world > 1:
@@ -257,12 +256,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code:
-            (out_dir / "error.txt").write_text(f"the job called sys.exit({exc.code!r})")
+            (out_dir / contract.ERROR_FILE).write_text(f"the job called sys.exit({exc.code!r})")
         return code
     except BaseException as exc:
         text = format_user_traceback(exc, filename)
         sys.stderr.write(text)
-        (out_dir / "error.txt").write_text(text)
+        (out_dir / contract.ERROR_FILE).write_text(text)
         return 1
     finally:
         sys.stdout.flush()
@@ -271,8 +270,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         reporter.flush()
     if rank == 0:
         save_result(value, out_dir)
-        if spec.get("outputs"):
-            save_outputs(spec["outputs"], namespace, out_dir)
+        if spec.outputs:
+            save_outputs(spec.outputs, namespace, out_dir)
         if world == 1:
             store.clear()  # the job is done: its checkpoints have served their purpose
     return 0

@@ -15,7 +15,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 PYTHON = sys.executable
-EXIT_PREEMPTED = 75
+from backend.contract import EXIT_PREEMPTED  # noqa: F401  (the tests import it from here)
 
 
 @dataclass

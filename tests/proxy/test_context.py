@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from backend.proxy import context, files
+from backend.proxy import context
 from backend.proxy.errors import CheckpointError, CheckpointFailure
+from singularity_sdk import folders as files
 
 
 @pytest.fixture()

@@ -4,6 +4,8 @@ When a node does not see the folder a job was submitted from, the job runs in a 
 (sent at submit, like a runtime working_dir). The files the job writes there exist on one node
 only, so each checkpoint carries the copy's contents and a restore on another node puts them
 back: the folder is rolled back to what it held at that checkpoint, exactly like the program.
+The SDK packs at submit and the workers unpack and carry, so the format lives here, in a module
+that imports nothing else (workers import it without the rest of the SDK).
 """
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .client import Client, Job
-from .local import LocalCluster
-from .protocol import EventType, JobState
-from .render import format_event
+from singularity_sdk.client import Client, Job
+from singularity_sdk.local import LocalCluster
+from singularity_sdk.protocol import EventType, JobState
+from singularity_sdk.render import format_event
 
 LOSS = re.compile(r"step\s+(\d+) loss ([0-9.]+)")
 

@@ -1,0 +1,84 @@
+"""The agent <-> worker contract, in one place: exit codes, environment, the rank folder's files.
+
+The agent starts a worker as ``python -m backend.worker SPEC_JSON RANK_DIR`` with the
+environment below; the worker (and the proxy inside it) reads that environment, reports on the
+control pipe, and leaves its outcome in the rank folder for the agent to read after it exits
+(so the outcome survives a lost connection). Both sides, and the proxy's own launchers, take
+the names from here. This module imports nothing of the project: the worker imports it before
+anything else, on every start.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+# ---------------------------------------------------------------------------- exit codes
+#: the rank stopped at a committed checkpoint (preempt, migrate, resize): resume it later
+EXIT_PREEMPTED = 75
+
+# ---------------------------------------------------------------------------- environment
+# Set by the agent for every rank (besides RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+# MASTER_ADDR, MASTER_PORT and CUDA_VISIBLE_DEVICES, which mean what torch.distributed says).
+ENV_JOB_ID = "SINGULARITY_JOB_ID"
+ENV_ATTEMPT = "SINGULARITY_ATTEMPT"
+#: the write end of the control pipe (backend/worker/main.py: ControlChannel)
+ENV_CONTROL_FD = "SINGULARITY_CONTROL_FD"
+#: JSON list of the rank's devices (singularity_sdk.protocol.DeviceInfo)
+ENV_DEVICES = "SINGULARITY_DEVICES"
+#: the folder of the job's checkpoints on this node (backend/proxy/store.py)
+ENV_CHECKPOINT_DIR = "SINGULARITY_CHECKPOINT_DIR"
+#: threads for the rank (also OMP_NUM_THREADS/MKL_NUM_THREADS): results must not depend on the node
+ENV_THREADS = "SINGULARITY_THREADS"
+#: the cores of the rank's CPU slot ("0,1"); pinned by backend/proxy/launch.py: pin_to_slot
+ENV_CPUS = "SINGULARITY_CPUS"
+#: ranks grouped by the device they share ("0,1|2,3"; backend/proxy/placement.py)
+ENV_PLACEMENT = "SINGULARITY_PLACEMENT"
+#: where synced copies of jobs' folders live on this node (backend/worker/workdir.py)
+ENV_WORKDIR_ROOT = "SINGULARITY_WORKDIR_ROOT"
+#: "1" inside the sandbox (backend/agent/sandbox.py): pid 1 there is the sandbox's init
+ENV_SANDBOXED = "SINGULARITY_SANDBOXED"
+
+# ---------------------------------------------------------------------------- rank folder
+SPEC_FILE = "spec.json"  # in the attempt's folder, beside rank-N/
+RESULT_PICKLE = "result.pkl"  # rank 0's value, cloudpickled (written to .tmp, then renamed)
+RESULT_REPR = "result.repr"  # its repr, cut to RESULT_REPR_LIMIT characters
+RESULT_ERROR = "result.error"  # why the value could not be pickled
+OUTPUTS_PICKLE = "outputs.pkl"  # the names the job asked for, cloudpickled
+OUTPUTS_SKIPPED = "outputs.skipped"  # JSON {name: why it was not sent back}
+ERROR_FILE = "error.txt"  # why the rank failed (the user's traceback, or sys.exit)
+RESULT_REPR_LIMIT = 20_000
+
+
+def rank_dir(run_dir: Path, rank: int) -> Path:
+    return run_dir / f"rank-{rank}"
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker reads from ``spec.json`` (the agent's StartJob, as plain JSON: parsing it
+    with the SDK's pydantic model would add ~100 ms to every start)."""
+
+    job_id: str = ""
+    attempt: int = 1
+    filename: str = "<cell>"
+    source: Optional[str] = None
+    callable_b64: Optional[str] = None
+    inputs_b64: Optional[str] = None
+    outputs: list[str] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)
+    workdir: Optional[str] = None
+    workdir_b64: Optional[str] = None
+    #: resume from the newest usable checkpoint in the job's checkpoint folder (a flag: which
+    #: checkpoint is the store's answer, so a torn newest one falls back to the one before)
+    restore: bool = False
+    checkpoint_every: Optional[float] = None
+
+    @classmethod
+    def read(cls, path: Path) -> "WorkerSpec":
+        raw: dict[str, Any] = json.loads(Path(path).read_text())
+        known = {f for f in cls.__dataclass_fields__}
+        spec = cls(**{k: v for k, v in raw.items() if k in known})
+        spec.restore = bool(raw.get("restore"))
+        return spec
