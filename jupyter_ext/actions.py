@@ -30,21 +30,18 @@ def perform(client: Client, job_id: str, action: str, *, reason: str = "", node:
     if action not in ACTIONS:
         return Outcome(False, f"unknown action {action!r}; valid: {', '.join(ACTIONS)}")
     body: dict[str, Any] = {}
-    if reason:
-        body["reason"] = reason
     if node:
         body["node"] = node
     if gpus is not None:
         body["gpus"] = gpus
     try:
-        raw = client._post(f"/jobs/{job_id}/{action}", body)
+        info = client.get(job_id).act(action, reason, **body).info
     except APIError as exc:
         if exc.status == 404 and "unknown action" in exc.message:
             return Outcome(False, f"{action} is not available on this server yet ({exc.message})")
         return Outcome(False, f"{action} refused: {exc.message}")
     except SingularityError as exc:
         return Outcome(False, f"{action} failed: {exc}")
-    info = JobInfo.model_validate(raw) if isinstance(raw, dict) and "id" in raw else None
     return Outcome(True, _done_text(action, node, gpus), info)
 
 

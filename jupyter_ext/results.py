@@ -48,13 +48,13 @@ def outcome(job: Job) -> Any:
         raise RemoteCellError(job.id, job.info.error or "(no traceback recorded)")
     if job.state == JobState.CANCELLED:
         raise CellJobCancelled(f"job {job.id} was cancelled; the cell has no result")
-    return job._client._get(f"/jobs/{job.id}/result")
+    return job.result_payload()
 
 
 def value_of(job: Job, payload: dict[str, Any]) -> tuple[Any, list[str]]:
     """The last expression's value (None when it could not be kept, with a note saying why)."""
     try:
-        return job._outcome(payload), []
+        return job.decode_result(payload), []
     except APIError as exc:
         return None, [exc.message]
     except Exception as exc:  # unpickling needs something the notebook lacks (a module, a device)

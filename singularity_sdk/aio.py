@@ -36,12 +36,12 @@ class AsyncJob(JobBase):
 
     async def result(self, timeout: Optional[float] = None) -> Any:
         await self.wait(timeout)
-        return self._outcome(await self._client._get(f"/jobs/{self.id}/result"))
+        return self.decode_result(await self.result_payload())
 
     async def outputs(self, timeout: Optional[float] = None) -> dict[str, Any]:
         """The final values of the names passed as ``outputs=`` at submit (waits for the end)."""
         await self.wait(timeout)
-        return self._outputs(await self._client._get(f"/jobs/{self.id}/result"))
+        return self._outputs(await self.result_payload())
 
     async def logs(self) -> str:
         return await self._client._get(f"/jobs/{self.id}/logs")
@@ -72,7 +72,12 @@ class AsyncJob(JobBase):
         events = [ev async for ev in self.events(follow=False)]
         return metrics.result(events, rank=rank, printed=printed, frame=as_frame)
 
-    async def _action(self, action: str, reason: str = "", **body: Any) -> "AsyncJob":
+    async def result_payload(self) -> dict[str, Any]:
+        """The server's record of the job's outcome (see ``Job.result_payload``)."""
+        return await self._client._get(f"/jobs/{self.id}/result")
+
+    async def act(self, action: str, reason: str = "", **body: Any) -> "AsyncJob":
+        """Ask the server for ``action`` without waiting for the job to react (see ``Job.act``)."""
         if reason:
             body["reason"] = reason
         raw = await self._client._post(f"/jobs/{self.id}/{action}", body)
@@ -96,7 +101,7 @@ class AsyncJob(JobBase):
         ``CheckpointFailed`` naming what could not be saved, or that the job reached no safe
         point within ``checkpoint_timeout`` (default: the server's), in which case it runs on."""
         since = (await self.refresh()).info.last_seq
-        await self._action("preempt", reason, **checkpoint_bound(checkpoint_timeout))
+        await self.act("preempt", reason, **checkpoint_bound(checkpoint_timeout))
         if wait:
             await self._await_event(since, EventType.PREEMPTED, timeout)
         return self
@@ -106,7 +111,7 @@ class AsyncJob(JobBase):
         """Move the running job to ``node`` (or wherever the scheduler finds room): checkpoint
         here, restore there. With ``wait``, returns once it runs again at its destination."""
         since = (await self.refresh()).info.last_seq
-        await self._action("migrate", reason, **({"node": node} if node else {}), **checkpoint_bound(checkpoint_timeout))
+        await self.act("migrate", reason, **({"node": node} if node else {}), **checkpoint_bound(checkpoint_timeout))
         if wait:
             await self._await_event(since, EventType.MIGRATED, timeout)
         return self
@@ -117,25 +122,25 @@ class AsyncJob(JobBase):
         device when there are fewer devices than ranks); the code does not notice. With ``wait``,
         returns once the job runs again at its new size (a queued job changes size at once)."""
         since = (await self.refresh()).info.last_seq
-        await self._action("resize", reason, gpus=gpus, **checkpoint_bound(checkpoint_timeout))
+        await self.act("resize", reason, gpus=gpus, **checkpoint_bound(checkpoint_timeout))
         if wait and self.info.state.holds_devices:
             await self._await_event(since, EventType.RESIZED, timeout)
         return self
 
     async def resume(self) -> "AsyncJob":
         """Queue a preempted job again; it continues from its newest checkpoint."""
-        return await self._action("resume")
+        return await self.act("resume")
 
     async def checkpoint(self, wait: bool = True, timeout: Optional[float] = None) -> "AsyncJob":
         """Take a checkpoint now (at the next safe point); the job keeps running."""
         since = (await self.refresh()).info.last_seq
-        await self._action("checkpoint")
+        await self.act("checkpoint")
         if wait:
             await self._await_event(since, EventType.CHECKPOINTED, timeout)
         return self
 
     async def cancel(self, reason: str = "") -> "AsyncJob":
-        return await self._action("cancel", reason)
+        return await self.act("cancel", reason)
 
 
 class AsyncClient(BaseClient):

@@ -39,12 +39,17 @@ class Job(JobBase):
 
         Waits for the job to end; raises ``JobFailed`` with the remote traceback if it failed."""
         self.wait(timeout)
-        return self._outcome(self._client._get(f"/jobs/{self.id}/result"))
+        return self.decode_result(self.result_payload())
+
+    def result_payload(self) -> dict[str, Any]:
+        """The server's record of the job's outcome, as sent (``pickle_b64``, ``repr``, ``error``,
+        ``outputs_b64``, ``outputs_skipped``); ``decode_result`` turns it into the value."""
+        return self._client._get(f"/jobs/{self.id}/result")
 
     def outputs(self, timeout: Optional[float] = None) -> dict[str, Any]:
         """The final values of the names passed as ``outputs=`` at submit (waits for the end)."""
         self.wait(timeout)
-        return self._outputs(self._client._get(f"/jobs/{self.id}/result"))
+        return self._outputs(self.result_payload())
 
     def logs(self) -> str:
         return self._client._get(f"/jobs/{self.id}/logs")
@@ -75,7 +80,9 @@ class Job(JobBase):
         The grammar of printed metrics is in ``singularity_sdk.metrics``."""
         return metrics.result(self.events(follow=False), rank=rank, printed=printed, frame=as_frame)
 
-    def _action(self, action: str, reason: str = "", **body: Any) -> "Job":
+    def act(self, action: str, reason: str = "", **body: Any) -> "Job":
+        """Ask the server for ``action`` (preempt, resume, migrate, resize, cancel, checkpoint)
+        with ``body``'s fields, without waiting for the job to react; ``APIError`` says why not."""
         if reason:
             body["reason"] = reason
         raw = self._client._post(f"/jobs/{self.id}/{action}", body)
@@ -100,7 +107,7 @@ class Job(JobBase):
         no safe point within ``checkpoint_timeout`` (default: the server's), in which case the
         job runs on."""
         since = (self.refresh()).info.last_seq
-        self._action("preempt", reason, **checkpoint_bound(checkpoint_timeout))
+        self.act("preempt", reason, **checkpoint_bound(checkpoint_timeout))
         if wait:
             self._await_event(since, EventType.PREEMPTED, timeout)
         return self
@@ -110,7 +117,7 @@ class Job(JobBase):
         """Move the running job to ``node`` (or wherever the scheduler finds room): checkpoint
         here, restore there. With ``wait``, returns once it runs again at its destination."""
         since = (self.refresh()).info.last_seq
-        self._action("migrate", reason, **({"node": node} if node else {}), **checkpoint_bound(checkpoint_timeout))
+        self.act("migrate", reason, **({"node": node} if node else {}), **checkpoint_bound(checkpoint_timeout))
         if wait:
             self._await_event(since, EventType.MIGRATED, timeout)
         return self
@@ -121,25 +128,25 @@ class Job(JobBase):
         device when there are fewer devices than ranks); the code does not notice. With ``wait``,
         returns once the job runs again at its new size (a queued job changes size at once)."""
         since = (self.refresh()).info.last_seq
-        self._action("resize", reason, gpus=gpus, **checkpoint_bound(checkpoint_timeout))
+        self.act("resize", reason, gpus=gpus, **checkpoint_bound(checkpoint_timeout))
         if wait and self.info.state.holds_devices:
             self._await_event(since, EventType.RESIZED, timeout)
         return self
 
     def resume(self) -> "Job":
         """Queue a preempted job again; it continues from its newest checkpoint."""
-        return self._action("resume")
+        return self.act("resume")
 
     def checkpoint(self, wait: bool = True, timeout: Optional[float] = None) -> "Job":
         """Take a checkpoint now (at the next safe point); the job keeps running."""
         since = (self.refresh()).info.last_seq
-        self._action("checkpoint")
+        self.act("checkpoint")
         if wait:
             self._await_event(since, EventType.CHECKPOINTED, timeout)
         return self
 
     def cancel(self, reason: str = "") -> "Job":
-        return self._action("cancel", reason)
+        return self.act("cancel", reason)
 
 
 class Client(BaseClient):

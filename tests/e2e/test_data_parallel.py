@@ -95,7 +95,7 @@ def test_a_rank_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(
     job.checkpoint(timeout=60)  # a good one (slow, because of the hook)
     pids = {r: p for e in job.events(follow=False) if e.type == EventType.STARTED for r, p in e.data["pids"].items()}
     since = job.refresh().info.last_seq
-    job._action("checkpoint")
+    job.act("checkpoint")
     for ev in job.events(since=since):
         if ev.type == EventType.CHECKPOINT_STARTED:
             break

@@ -150,7 +150,7 @@ def test_worker_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(
     wait_for_lines(job, 5)
     job.checkpoint(timeout=60)  # a good one (slow, because of the hook)
     pid = next(int(p) for e in job.events(follow=False) if e.type == EventType.STARTED for p in e.data["pids"].values())
-    job._action("checkpoint")
+    job.act("checkpoint")
     for ev in job.events(since=job.refresh().info.last_seq):
         if ev.type == EventType.CHECKPOINT_STARTED:
             break
