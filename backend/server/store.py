@@ -100,6 +100,14 @@ CREATE TABLE IF NOT EXISTS nodes (
 );
 """
 
+#: the layout of state.db that this code writes; each change adds a step to ``Store._upgrade``
+SCHEMA_VERSION = 1
+
+
+class StoreTooNew(RuntimeError):
+    """state.db was written by a newer version; the message says what to do."""
+
+
 JOB_COLUMNS_FOR_INFO = (
     "id, user, name, state, sla, gpus, ranks, placement_json, attempt, created_at, updated_at, "
     "started_at, ended_at, error, result_pickle IS NOT NULL OR result_error IS NOT NULL, last_seq, "
@@ -117,12 +125,31 @@ class Store:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        self._refuse_newer()
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")  # durable against process crashes
         self.db.execute("PRAGMA foreign_keys=ON")
+        self._upgrade()
+
+    def _refuse_newer(self) -> None:
+        """A home written by a newer version is refused before anything in it changes."""
+        found = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if found > SCHEMA_VERSION:
+            self.db.close()
+            raise StoreTooNew(
+                f"{self.path} was written by a newer version of Singularity (schema {found}; this one "
+                f"knows {SCHEMA_VERSION}): upgrade this installation, or serve from another --home")
+
+    def _upgrade(self) -> None:
+        """Bring a home written by an older version up to ``SCHEMA_VERSION`` (``PRAGMA
+        user_version`` records it), in one transaction."""
+        found = self.db.execute("PRAGMA user_version").fetchone()[0]
         self.db.executescript(SCHEMA)
-        self._add_missing_columns()
-        self._hash_clear_tokens()
+        if found < SCHEMA_VERSION:
+            with self.tx():
+                self._add_missing_columns()  # schema 0: homes from before versions were recorded
+                self._hash_clear_tokens()
+                self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def _hash_clear_tokens(self) -> None:
         """A home made by an older version kept tokens in clear: keep only their hashes."""
