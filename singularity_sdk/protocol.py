@@ -283,6 +283,7 @@ class NodeInfo(Strict):
     used: dict[int, str] = Field(default_factory=dict, description="device index -> job id")
     heartbeat_at: Optional[float] = None
     address: Optional[str] = None
+    ray_node_id: Optional[str] = Field(None, description="the Ray node its agent runs on (serve --ray)")
 
 
 class ResultPayload(Strict):

@@ -37,12 +37,16 @@ def reachable_url(url: str, driver_ip: str) -> str:
 class RayPlacer:
     """Places a ``NodeAgent`` actor on every alive Ray node with GPUs and forgets dead ones."""
 
-    def __init__(self, address: str, server_url: str, store: Optional[str] = None, ca: Optional[str] = None):
+    def __init__(self, address: str, server_url: str, store: Optional[str] = None, ca: Optional[str] = None,
+                 placed_on: Optional[dict[str, str]] = None):
         self.address = address
         self.server_url = server_url
         self.store = store
         self.ca = ca
         self.placed: dict[str, Placed] = {}
+        #: agent name -> the full id of the Ray node it was placed on, kept after the node leaves
+        #: (``singularityctl nodes`` shows it for a lost node too); the server passes its own dict
+        self.placed_on: dict[str, str] = placed_on if placed_on is not None else {}
 
     def connect(self) -> None:
         """Join the cluster as a driver: the actors we create share our fate (Ray removes them
@@ -98,6 +102,7 @@ class RayPlacer:
         placed = Placed(node, actor)
         placed.started = actor.start.remote(credential)
         self.placed[node.node_id] = placed
+        self.placed_on[node.name] = node.node_id
         log.info("placing agent %s on Ray node %s (%s, %d GPUs)", node.name, node.node_id, node.address, node.gpus)
 
     def close(self) -> None:

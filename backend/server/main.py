@@ -185,7 +185,8 @@ async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int =
         from backend.ray_cluster.loop import keep_agents
         from backend.ray_cluster.placer import RayPlacer
 
-        ray_placer = RayPlacer(ray_address, url, store_url, str(Path(ca).resolve()) if ca else None)
+        ray_placer = RayPlacer(ray_address, url, store_url, str(Path(ca).resolve()) if ca else None,
+                               placed_on=service.ray_node_ids)
         await asyncio.to_thread(ray_placer.connect)
         ray_task = asyncio.create_task(keep_agents(ray_placer, lambda name: store.issue_token(node_user(name), NODE_ROLE),
                                                    lambda name: service.drain(ADMIN_ROLE, name)))

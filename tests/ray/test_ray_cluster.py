@@ -89,13 +89,22 @@ def _agent_pids(name: str) -> list[int]:
     return out
 
 
-def test_one_agent_per_gpu_node_named_after_it_with_its_gpus(served, ray_cluster):
+def test_one_agent_per_gpu_node_named_after_it_with_its_gpus(served, ray_cluster, capsys):
+    from singularity_sdk.cli import main as singularityctl
+
     with served.client() as c:
         nodes = _ready(c)
-        assert set(nodes) == set(_ray_ids(ray_cluster)), "one per GPU node, none on the head"
+        ids = _ray_ids(ray_cluster)
+        assert set(nodes) == set(ids), "one per GPU node, none on the head"
         for n in nodes.values():
             assert [d.kind for d in n.devices] == ["cpu", "cpu"]  # num_gpus=2 without GPUs: 2 slots
             assert n.address == "127.0.0.1"  # the node's address as Ray reports it
+            assert n.ray_node_id == ids[n.name]
+    capsys.readouterr()
+    assert singularityctl(["nodes", "--url", served.url, "--token", served.token]) == 0
+    shown = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    for name, node_id in ids.items():  # the full Ray node id and the node's address
+        assert node_id in shown[name] and "127.0.0.1" in shown[name]
 
 
 def test_a_job_migrates_between_ray_nodes_exactly_through_the_store(served, tmp_path_factory):
@@ -115,16 +124,27 @@ def test_a_job_migrates_between_ray_nodes_exactly_through_the_store(served, tmp_
         assert ck and "store" in ck[-1].data["store_path"]
 
 
-def test_a_data_parallel_job_spans_two_ray_nodes_meeting_at_rank_0s_node(served, ray_cluster):
-    # Resizing it would need a checkpoint folder both nodes see: with a store, each node uploads
-    # only its own ranks' part (docs/distributed.md, "Limits").
+def test_a_data_parallel_job_spans_two_ray_nodes_and_is_resized(served, ray_cluster):
+    # Each node's ranks write their parts into that node's cache; the parts meet in the store.
+    env = {"STEPS": "12"}
     with served.client() as c:
-        job = c.submit(source("ddp_train.py"), gpus=4, env={"STEPS": "5"}, name="ddp-two-nodes")
-        assert job.wait(180) == JobState.SUCCEEDED, job.info.error
-        assert {p.node for p in job.info.placement} == set(_ray_ids(ray_cluster))
-        lines = rank_lines(job)
+        plain = c.submit(source("ddp_train.py"), gpus=4, env=env, name="ddp-two-nodes")
+        assert plain.wait(180) == JobState.SUCCEEDED, plain.info.error
+        assert {p.node for p in plain.info.placement} == set(_ray_ids(ray_cluster))
+        lines = rank_lines(plain)
         assert sorted(lines) == [0, 1, 2, 3]
         assert len({v[-1].split()[-1] for v in lines.values()}) == 1  # the replicas agree
+        job = c.submit(source("ddp_train.py"), gpus=4, env=env, name="ddp-resized")
+        wait_for_lines(job, 12)
+        job.resize(2, timeout=120)  # two ranks per GPU, on one node
+        assert len(job.info.placement) == 1
+        wait_for_lines(job, 28)
+        job.resize(4, timeout=120)  # over both nodes again
+        assert {p.node for p in job.info.placement} == set(_ray_ids(ray_cluster))
+        assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+        assert (rank_lines(job), job.result()) == (lines, plain.result())
+        resized = [e.data for e in job.events(follow=False) if e.type == EventType.RESIZED]
+        assert [(d["from"], d["to"]) for d in resized] == [(4, 2), (2, 4)]
 
 
 def test_a_node_added_later_gets_an_agent_and_takes_work(served, ray_cluster):
