@@ -148,7 +148,7 @@ class PartExchange:
         self.since = time.time() if since is None else since
         self.local_job = transfer.cache_root / job_id
         self.sent: set[tuple[int, int]] = set()  # (step, rank) uploaded
-        self.sent_blobs: set[tuple[int, str]] = set()
+        self.sent_blobs: dict[int, set[str]] = {}  # step -> blobs uploaded (ranks here share them)
         self.committed: set[int] = set()
 
     def _remote(self, step: int) -> str:
@@ -186,10 +186,11 @@ class PartExchange:
                                        f"(attempt {newest} has started)")
                 remote = self._remote(step)
                 self.t.fs.makedirs(f"{remote}/{BLOB_DIR}", exist_ok=True)
+                sent_blobs = self.sent_blobs.setdefault(step, set())
                 for blob in json.loads(side.read_text()).get("blobs") or {}:
-                    if (step, blob) not in self.sent_blobs:  # ranks of one node share their blobs
+                    if blob not in sent_blobs:
                         self.t.fs.put_file(str(staging / BLOB_DIR / blob), f"{remote}/{BLOB_DIR}/{blob}")
-                        self.sent_blobs.add((step, blob))
+                        sent_blobs.add(blob)
                 self.t.fs.put_file(str(staging / f"rank-{rank}.pt"), f"{remote}/rank-{rank}.pt")
                 self.t.fs.put_file(str(side), f"{remote}/rank-{rank}.json")  # last: the part is complete
                 self.sent.add((step, rank))
@@ -197,6 +198,7 @@ class PartExchange:
             if all((step, r) in self.sent for r in self.local):
                 # every part of this node is in the store: nothing here will ever commit it
                 shutil.rmtree(staging, ignore_errors=True)
+                self.sent_blobs.pop(step, None)
 
     # ------------------------------------------------------------------ rank 0's node
     def _gather(self) -> None:

@@ -55,6 +55,11 @@ class RayPlacer:
 
         ray.init(address=self.address, namespace=NAMESPACE, log_to_driver=False, ignore_reinit_error=True)
         self.server_url = reachable_url(self.server_url, ray.util.get_node_ip_address())
+        if self.store is None:
+            log.warning("serve --ray without --store: the agents keep checkpoints in SINGULARITY_HOME's "
+                        "checkpoints/ on each Ray node; unless that is one folder all nodes share, a job cannot "
+                        "move to another node, resume after its node is lost, or span nodes. Pass --store URL "
+                        "(docs/deploy.md)")
 
     def missing(self) -> list[RayNode]:
         """Alive GPU nodes without an agent actor; forgets actors whose node left or that died."""

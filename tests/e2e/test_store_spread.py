@@ -35,8 +35,8 @@ def test_parts_written_on_three_nodes_commit_on_rank_0s_node_only(tmp_path):
     ranks = {"a": [0, 2], "b": [1], "c": [3]}
     ex = {n: CheckpointTransfer(store, caches[n]).exchange("j", 1, 4, ranks[n]) for n in caches}
     for n, rs in ranks.items():
-        for r in rs:
-            _part(caches[n] / "j", 7, r, 4, b"x" * 100)
+        for r in rs:  # rank 3's blob is nowhere on rank 0's node: it must come from the store
+            _part(caches[n] / "j", 7, r, 4, b"y" * 50 if r == 3 else b"x" * 100)
     ex["a"].step()  # nothing of the others is up yet: nothing commits
     assert not (caches["a"] / "j" / "ckpt-00000007").exists()
     ex["b"].step()
@@ -46,7 +46,8 @@ def test_parts_written_on_three_nodes_commit_on_rank_0s_node_only(tmp_path):
     ref = CheckpointStore(caches["a"] / "j").latest()
     assert ref is not None and ref.step == 7 and ref.world_size == 4
     assert {ref.rank_file(r).read_text() for r in range(4)} == {f"rank {r} of step 7" for r in range(4)}
-    assert [p.read_bytes() for p in ref.blob_dir.iterdir()] == [b"x" * 100]
+    assert sorted(p.read_bytes() for p in ref.blob_dir.iterdir()) == [b"x" * 100, b"y" * 50]
+    assert CheckpointStore(caches["a"] / "j").verify(ref.path, contents=True) == ref
     assert not (tmp_path / "store" / "j" / "parts" / "a1" / "ckpt-00000007").exists(), "parts are dropped once in"
 
 
