@@ -23,13 +23,12 @@ from singularity_sdk.protocol import (
     Welcome,
 )
 
-from . import log_replay
+from . import lifecycle, log_replay
 from .core import AgentLink
+from .lifecycle import MOVES, JobRecord
 
 log = logging.getLogger("singularity.server")
 
-#: Why a job's ranks are being stopped at a checkpoint (moves that a failed checkpoint cancels).
-MOVES = ("preempt", "migrate", "resize")
 #: Agent events that only add to the log (no state change), accepted for the current attempt.
 PASS_THROUGH = {EventType.LOG, EventType.PROGRESS, EventType.TELEMETRY, EventType.CHECKPOINT_STARTED,
                 EventType.INTERRUPTIBLE, EventType.EXACTNESS}
@@ -150,7 +149,7 @@ class AgentSide:
             out.append((user, self._emit(ae.job_id, type, data, when)))
 
         if ae.type in PASS_THROUGH:
-            if ae.type == EventType.CHECKPOINT_STARTED and row["stop_reason"] in MOVES:
+            if ae.type == EventType.CHECKPOINT_STARTED and JobRecord.from_row(row).stop in MOVES:
                 # a safe point took the request: writing may take long, the backstop stands down
                 detail = json.loads(row["stop_detail_json"] or "{}")
                 self.store.update_job(ae.job_id, stop_detail_json=json.dumps({**detail, "answered": True}))
@@ -160,14 +159,9 @@ class AgentSide:
             emit(ae.type, ae.data, ae.time)
         elif ae.type == EventType.CHECKPOINT_FAILED:
             emit(ae.type, ae.data, ae.time)
-            if row["stop_reason"] in MOVES:
-                # The move is answered with the error; the job runs on untouched, at its old size.
-                detail = json.loads(row["stop_detail_json"] or "{}")
-                updates: dict[str, Any] = {"state": JobState.RUNNING.value, "stop_reason": None,
-                                           "stop_detail_json": None}
-                if "request_was" in detail:
-                    updates["gpus"] = detail["request_was"]
-                self.store.update_job(ae.job_id, **updates)
+            # A move is answered with the error; the job runs on untouched, at its old size.
+            if called_off := lifecycle.move_called_off(JobRecord.from_row(row)):
+                self.store.update_job(ae.job_id, **called_off)
         elif ae.type == EventType.RESUMED:
             emit(ae.type, {**ae.data, "node": node, "attempt": ae.attempt,
                            "placement": json.loads(row["placement_json"])}, ae.time)
@@ -215,55 +209,40 @@ class AgentSide:
         else:
             log.warning("agent %s sent an event type the server does not take: %s", node, ae.type)
 
+    @property
+    def retry_policy(self) -> lifecycle.RetryPolicy:
+        return lifecycle.RetryPolicy(self.config.max_retries, self.config.retry_backoff_s)
+
     def _rank_exited(self, row, ae: AgentEvent, emit, followups: list[Callable[[], None]]) -> None:
-        """Record one rank's exit; once all ranks are down, settle the job by why it stopped."""
-        job_id = row["id"]
-        exited = json.loads(row["exited_json"])
+        """Record one rank's exit; once all ranks are down, the job settles by why it stopped
+        (the rules: lifecycle.on_rank_exit)."""
         rank, code = ae.data.get("rank", 0), ae.data.get("code", -1)
-        if type(rank) is not int or not 0 <= rank < row["ranks"] or type(code) is not int or abs(code) > 255:
+        if type(rank) is not int or type(code) is not int or abs(code) > 255:
             raise ValueError(f"worker_exited needs an integer rank below {row['ranks']} and an exit code")
-        exited[str(rank)] = code
-        updates: dict[str, Any] = {"exited_json": json.dumps(exited)}
-        stop_reason = row["stop_reason"]
-        if code not in (0, EXIT_PREEMPTED) and stop_reason not in ("cancel", "failed", "crashed"):
-            # First failure: the user's code raised (fail) or the process died (retry).
-            why = ae.data.get("error") or f"rank {rank} exited with code {code}"
-            stop_reason = "failed" if ae.data.get("user_error") else "crashed"
-            updates.update(stop_reason=stop_reason, error=why)
-            info = self.store.job_info(job_id)
-            followups.append(lambda info=info: self._stop_everywhere(info, f"rank {rank} {stop_reason}"))
-        if len(exited) < row["ranks"]:
-            self.store.update_job(job_id, **updates)
-            return
-        codes = set(exited.values())
-        stopped_at_checkpoint = EXIT_PREEMPTED in codes and codes <= {0, EXIT_PREEMPTED}
-        detail = json.loads(row["stop_detail_json"] or "{}")
-        updates.update(stop_reason=None, stop_detail_json=None)
-        now = time.time()
-        if stop_reason == "cancel":
-            self._settle(job_id, updates, JobState.CANCELLED, EventType.CANCELLED, {"reason": "workers stopped"}, emit)
-        elif stop_reason == "failed":
-            err = updates.get("error", row["error"])
-            self._settle(job_id, updates, JobState.FAILED, EventType.FAILED, {"error": err}, emit)
-        elif stop_reason == "crashed":
-            self.store.update_job(job_id, **updates)
-            self._retry_or_fail(row, updates.get("error", row["error"]), emit)
-        elif stop_reason == "preempt" and stopped_at_checkpoint:
-            ckpt = json.loads(self.store.job_row(job_id)["last_checkpoint_json"] or "{}")
-            self._settle(job_id, updates, JobState.QUEUED if detail.get("requeue") else JobState.PREEMPTED,
-                         EventType.PREEMPTED,
-                         {**detail, "step": ckpt.get("step"), "bytes": ckpt.get("bytes"), "checkpoint": ckpt.get("path")},
-                         emit)
-        elif stop_reason == "migrate" and stopped_at_checkpoint:
-            self.store.update_job(job_id, **updates)
-            followups.append(lambda: self._migrate_onwards(job_id, detail))
-        elif stop_reason == "resize" and stopped_at_checkpoint:
-            self.store.update_job(job_id, **updates)
-            followups.append(lambda: self._resize_onwards(job_id, detail))
-        else:
-            self._settle(job_id, updates, JobState.SUCCEEDED, EventType.SUCCEEDED,
-                         {"seconds": round(now - (row["started_at"] or now), 3)}, emit)
-        followups.append(self._schedule_hook)
+        t = lifecycle.on_rank_exit(JobRecord.from_row(row), rank, code, time.time(), self.retry_policy,
+                                   error=ae.data.get("error"), user_error=bool(ae.data.get("user_error")))
+        self._apply(row["id"], t, emit, followups)
+
+    def _apply(self, job_id: str, t: lifecycle.Transition, emit, followups: list[Callable[[], None]]) -> None:
+        """Write a transition inside the caller's transaction; its follow-ups run after it."""
+        if t.updates:
+            self.store.update_job(job_id, **t.updates)
+        for etype, data in t.events:
+            emit(etype, data)
+        info = self.store.job_info(job_id)
+        for f in t.then:
+            if f.kind == "stop_everywhere":
+                followups.append(lambda info=info, why=f.why: self._stop_everywhere(info, why))
+            elif f.kind == "migrate_onwards":
+                followups.append(lambda detail=f.detail: self._migrate_onwards(job_id, detail))
+            elif f.kind == "resize_onwards":
+                followups.append(lambda detail=f.detail: self._resize_onwards(job_id, detail))
+            elif f.kind == "wake_at":
+                followups.append(lambda when=f.when: self._wake_at(when))
+            elif f.kind == "schedule":
+                followups.append(self._schedule_hook)
+            else:
+                raise ValueError(f"unknown follow-up {f.kind!r}")
 
     def _resize_phases(self, job_id: str, detail: dict[str, Any], resumed_at: float) -> dict[str, float]:
         """Where a resize's time went: agreeing on the step (barrier), writing the checkpoint,
@@ -279,46 +258,20 @@ class AgentSide:
         names = ("barrier", "checkpoint", "restart", "restore")
         return {name: round(b - a, 3) for name, a, b in zip(names, marks, marks[1:])}
 
-    def _settle(self, job_id: str, updates: dict[str, Any], state: JobState, etype: EventType,
-                data: dict[str, Any], emit) -> None:
-        updates["state"] = state.value
-        if state.is_terminal:
-            updates["ended_at"] = time.time()
-        self.store.update_job(job_id, **updates)
-        emit(etype, data)
-
-    def _retry_or_fail(self, row, why: str, emit) -> None:
-        """Requeue a job whose processes died (not its code), with backoff, from its newest checkpoint."""
-        retries = row["retries"] + 1
-        if retries > self.config.max_retries:
-            err = f"{why}\n(gave up after {row['retries']} retries)"
-            self.store.update_job(row["id"], state=JobState.FAILED.value, ended_at=time.time(), error=err)
-            emit(EventType.FAILED, {"error": err})
-            return
-        delay = min(self.config.retry_backoff_s * 2 ** (retries - 1), 60.0)
-        ckpt = json.loads(row["last_checkpoint_json"] or "{}")
-        self.store.update_job(row["id"], state=JobState.QUEUED.value, retries=retries, stop_reason=None,
-                              exited_json="{}", not_before=time.time() + delay, error=None)
-        emit(EventType.RETRYING, {"attempt": row["attempt"] + 1, "why": why.strip().splitlines()[-1] if why else "",
-                                  "retries": retries, "backoff_s": delay, "from_step": ckpt.get("step")})
-        self._wake_at(time.time() + delay)
-
     def _job_lost(self, info: JobInfo, why: str) -> None:
         """Workers vanished without reporting an exit: retry or fail, and free the devices."""
-        row = self.store.job_row(info.id)
         events: list[Event] = []
+        followups: list[Callable[[], None]] = []
 
         def emit(type: EventType, data: dict[str, Any]) -> None:
             events.append(self._emit(info.id, type, data))
 
         with self.store.tx():
-            if row["stop_reason"] == "cancel":
-                self.store.update_job(info.id, state=JobState.CANCELLED.value, ended_at=time.time(), stop_reason=None)
-                emit(EventType.CANCELLED, {"reason": why})
-            else:
-                self._retry_or_fail(row, why, emit)
+            job = JobRecord.from_row(self.store.job_row(info.id))
+            self._apply(info.id, lifecycle.on_workers_lost(job, why, time.time(), self.retry_policy), emit, followups)
         self._publish(info.user, events)
-        self._schedule_hook()
+        for fn in followups:
+            fn()
 
     def check_moves(self, now: Optional[float] = None) -> None:
         """Answer moves whose ranks reached no safe point and said nothing within their bound
@@ -328,21 +281,17 @@ class AgentSide:
         moving = [JobState.PREEMPTING.value, JobState.MIGRATING.value, JobState.RESIZING.value]
         for info in self.store.list_jobs(states=moving):
             row = self.store.job_row(info.id)
-            if row["stop_reason"] not in MOVES or row["moved_at"] is None:
+            job = JobRecord.from_row(row)
+            if job.stop not in MOVES or row["moved_at"] is None:
                 continue
-            detail = json.loads(row["stop_detail_json"] or "{}")
-            bound = float(detail.get("checkpoint_timeout") or self.config.checkpoint_timeout_s)
-            if detail.get("answered") or now - row["moved_at"] < bound + BACKSTOP_SLACK_S:
+            bound = float(job.stop_detail.get("checkpoint_timeout") or self.config.checkpoint_timeout_s)
+            if job.stop_detail.get("answered") or now - row["moved_at"] < bound + BACKSTOP_SLACK_S:
                 continue
-            updates: dict[str, Any] = {"state": JobState.RUNNING.value, "stop_reason": None,
-                                       "stop_detail_json": None}
-            if "request_was" in detail:
-                updates["gpus"] = detail["request_was"]
             with self.store.tx():
-                self.store.update_job(info.id, **updates)
+                self.store.update_job(info.id, **lifecycle.move_called_off(job))
                 ev = self._emit(info.id, EventType.CHECKPOINT_FAILED, {
                     "error": f"no rank reached a safe point or answered within {bound:.0f} s; the "
-                             f"{row['stop_reason']} is called off and the job runs on", "variables": [],
+                             f"{job.stop.value} is called off and the job runs on", "variables": [],
                     "timeout": True})
             self._publish(info.user, [ev])
 

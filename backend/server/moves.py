@@ -13,6 +13,7 @@ from singularity_sdk.protocol import CheckpointJob, EventType, JobInfo, JobState
 
 from . import exact_nodes, ranks
 from .core import ServiceError
+from .lifecycle import Stop
 
 log = logging.getLogger("singularity.server")
 
@@ -29,7 +30,7 @@ class Moves:
         detail = {"reason": reason or "preempted by user", "by": by or user, "requeue": requeue,
                   "checkpoint_timeout": self._bound(checkpoint_timeout)}
         with self.store.tx():
-            self.store.update_job(job_id, state=JobState.PREEMPTING.value, stop_reason="preempt",
+            self.store.update_job(job_id, state=JobState.PREEMPTING.value, stop_reason=Stop.PREEMPT.value,
                                   stop_detail_json=json.dumps(detail), moved_at=time.time())
             ev = self._emit(job_id, EventType.PREEMPTING, detail)
         self._publish(info.user, [ev])
@@ -98,7 +99,7 @@ class Moves:
         detail = {"from": ",".join(sorted(sources)), "to": to, "reason": reason or f"requested by {by or user}",
                   "by": by or user, "requested_at": time.time(), "checkpoint_timeout": self._bound(checkpoint_timeout)}
         with self.store.tx():
-            self.store.update_job(job_id, state=JobState.MIGRATING.value, stop_reason="migrate",
+            self.store.update_job(job_id, state=JobState.MIGRATING.value, stop_reason=Stop.MIGRATE.value,
                                   stop_detail_json=json.dumps(detail), migration_json=json.dumps(detail),
                                   moved_at=time.time())
             ev = self._emit(job_id, EventType.MIGRATING, detail)
@@ -148,7 +149,7 @@ class Moves:
                                     f"free some devices or try a smaller size", "gpus")
         detail.update(since_seq=info.last_seq, placement={n: list(d) for n, d in (placement or {}).items()})
         with self.store.tx():
-            self.store.update_job(job_id, state=JobState.RESIZING.value, stop_reason="resize",
+            self.store.update_job(job_id, state=JobState.RESIZING.value, stop_reason=Stop.RESIZE.value,
                                   gpus=gpus if by_user else info.gpus,
                                   stop_detail_json=json.dumps(detail), migration_json=json.dumps(detail),
                                   moved_at=time.time())

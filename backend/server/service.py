@@ -33,11 +33,12 @@ from singularity_sdk.protocol import (
     SubmitRequest,
 )
 
-from . import ranks
+from . import lifecycle, ranks
 from .agent_side import AgentSide
 from .core import AgentLink, ServiceConfig, ServiceError
 from .credentials import ADMIN_ROLE, JOIN_ROLE, LEGACY_JOIN_ROLE, NODE_ROLE, USER_ROLE, node_user
 from .hub import Hub
+from .lifecycle import JobRecord
 from .moves import Moves
 from .scheduling import Policy, Scheduling, make_policy
 from .store import Store
@@ -257,22 +258,16 @@ class Service(AgentSide, Moves, Scheduling, Usage):
         info = self.job(user, job_id)
         if info.state.is_terminal:
             raise ServiceError(409, f"job {job_id} already {info.state.value}; nothing to cancel", "job_id")
-        row = self.store.job_row(job_id)
         events: list[Event] = []
+        followups: list[Callable[[], None]] = []
+        data = {"by": user, "reason": reason or "cancelled by user"}
         with self.store.tx():
-            data = {"by": user, "reason": reason or "cancelled by user"}
-            if not info.state.holds_devices:
-                self.store.update_job(job_id, state=JobState.CANCELLED.value, ended_at=time.time())
-                events.append(self._emit(job_id, EventType.CANCELLED, data))
-            elif row["stop_reason"] != "cancel":
-                self.store.update_job(job_id, stop_reason="cancel", state=JobState.RUNNING.value
-                                      if info.state == JobState.PREEMPTING else info.state.value)
-                events.append(self._emit(job_id, EventType.CANCEL_REQUESTED, data))
+            job = JobRecord.from_row(self.store.job_row(job_id))
+            self._apply(job_id, lifecycle.on_cancel(job, time.time(), data),
+                        lambda t, d: events.append(self._emit(job_id, t, d)), followups)
         self._publish(user, events)
-        if info.state.holds_devices:
-            self._stop_everywhere(info, "cancelled")
-        else:
-            self._schedule_hook()
+        for fn in followups:
+            fn()
         return self.store.job_info(job_id)
 
     def _stop_everywhere(self, info: JobInfo, reason: str) -> None:

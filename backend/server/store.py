@@ -60,7 +60,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempt INTEGER NOT NULL DEFAULT 0,
     retries INTEGER NOT NULL DEFAULT 0,
     exited_json TEXT NOT NULL DEFAULT '{}',
-    stop_reason TEXT,              -- cancel | failed | preempt, while workers are being stopped
+    stop_reason TEXT,              -- why its workers are being stopped (backend/server/lifecycle.py: Stop)
     stop_detail_json TEXT,         -- who asked and why (for the event that closes the stop)
     last_checkpoint_json TEXT,     -- newest complete checkpoint reported by the workers
     moved_at REAL,                 -- last preemption/migration/resize (anti-thrash)
