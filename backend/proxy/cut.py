@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from .controller import Controller, CheckpointRequest
+from .controller import Controller, _Request
 
 CONTINUE = 1
 STOP = 2
@@ -214,7 +214,7 @@ class DistributedController(Controller):
         super().__init__(store, rank, world_size, checkpoint_every if rank == 0 else None, on_event)
         self.cut = cut if cut is not None else default_cut()
         self.flag = True
-        self._in_cut: Optional[CheckpointRequest] = None
+        self._in_cut: Optional[_Request] = None
         self._in_cut_at = 0.0
         #: this rank answered a request as timed out since the last agreement
         self._withdrawn = False
@@ -235,7 +235,7 @@ class DistributedController(Controller):
     def _wants_slow_path(self) -> bool:
         return True
 
-    def _poll(self, rt: Any) -> tuple[Optional[CheckpointRequest], bool]:
+    def _poll(self, rt: Any) -> tuple[Optional[_Request], bool]:
         request, progress = super()._poll(rt)
         if request is not None:
             self.cut.request(request.then, request.reason)
@@ -254,13 +254,13 @@ class DistributedController(Controller):
             # A rank already answered this request as timed out (its bits had spread before the
             # withdrawal could): the ranks agree, in the same collective, to take no checkpoint.
             return None, progress
-        return CheckpointRequest(decision.then, reason or "consistent cut", requested_at, label), progress
+        return _Request(decision.then, reason or "consistent cut", requested_at, label), progress
 
     def request_checkpoint(self, then: str = "continue", reason: str = "", timeout_s: Optional[float] = None) -> None:
         self._withdrawn = False  # a new request: the timed-out one was answered and is done
         super().request_checkpoint(then, reason, timeout_s)  # type: ignore[arg-type]
 
-    def _report_timeout(self, request: CheckpointRequest, now: float, stage: str = "safe point") -> None:
+    def _report_timeout(self, request: _Request, now: float, stage: str = "safe point") -> None:
         self._withdrawn = True  # whatever agreement is reached next for it must not be acted on
         super()._report_timeout(request, now, stage)
 
