@@ -21,7 +21,6 @@ Rank 0 then reports the checkpoint and its agent uploads it whole, as for a one-
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
@@ -33,7 +32,7 @@ from typing import Iterable, Optional
 
 import fsspec
 
-from backend.proxy.store import BLOB_DIR, MEETING_FILE, CheckpointStore
+from backend.proxy.store import BLOB_DIR, CheckpointStore
 
 log = logging.getLogger("singularity.agent")
 _COMMITTED = re.compile(r"^ckpt-(\d{8,})$")
@@ -151,12 +150,6 @@ class PartExchange:
         self.sent: set[tuple[int, int]] = set()  # (step, rank) uploaded
         self.sent_blobs: dict[int, set[str]] = {}  # step -> blobs uploaded (ranks here share them)
         self.committed: set[int] = set()
-        # the parts meet in the store: the same place for this job's ranks on every node
-        place = hashlib.sha256(f"{transfer.fs.unstrip_protocol(transfer._job(job_id))}".encode()).hexdigest()
-        self.local_job.mkdir(parents=True, exist_ok=True)
-        tmp = self.local_job / f"{MEETING_FILE}.agent"
-        tmp.write_text(place[:16])
-        os.replace(tmp, self.local_job / MEETING_FILE)
 
     def _remote(self, step: int) -> str:
         return f"{self.t._job(self.job_id)}/{PARTS}/a{self.attempt}/ckpt-{step:08d}"

@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .controller import _Request
+    from .controller import CheckpointRequest
     from .runtime import Runtime
     from .store import RankFile
 
@@ -81,7 +81,7 @@ def _lowered(job: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-def applies(rt: "Runtime", request: "_Request") -> bool:
+def applies(rt: "Runtime", request: "CheckpointRequest") -> bool:
     """Whether this checkpoint may be written behind the loop."""
     ctl = rt.ctl
     return request.then == "continue" and ctl.world_size == 1 and getattr(ctl, "write_behind", False)

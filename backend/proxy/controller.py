@@ -24,7 +24,10 @@ PROGRESS_INTERVAL_S = 1.0
 
 
 @dataclass
-class _Request:
+class CheckpointRequest:
+    """A checkpoint asked of the program, taken at its next safe point; ``then`` is "continue"
+    or "stop" (exit after it), ``reason`` what the events say."""
+
     then: str
     reason: str
     requested_at: float
@@ -35,13 +38,13 @@ class _Request:
     deadline: Optional[float] = None
 
 
-def _merge(a: Optional[_Request], b: _Request) -> _Request:
+def _merge(a: Optional[CheckpointRequest], b: CheckpointRequest) -> CheckpointRequest:
     """Two pending requests become one; 'stop' wins, the earlier request time is kept (for wait_s)."""
     if a is None:
         return b
     upgrade = b.then == "stop" and a.then != "stop"
     bounds = [d for d in (a.deadline, b.deadline) if d is not None]
-    return _Request("stop" if upgrade else a.then, b.reason if upgrade else a.reason,
+    return CheckpointRequest("stop" if upgrade else a.then, b.reason if upgrade else a.reason,
                     min(a.requested_at, b.requested_at), deadline=min(bounds) if bounds else None)
 
 
@@ -64,7 +67,7 @@ class Controller:
         self.write_behind = True
         self.writer = background.Writer()
         self._lock = threading.Lock()
-        self._pending: Optional[_Request] = None
+        self._pending: Optional[CheckpointRequest] = None
         self._at_step: Optional[tuple[int, str]] = None
         self._progress_due = False
         self._periodic_due = False
@@ -104,7 +107,7 @@ class Controller:
             return
         now = time.monotonic()
         with self._lock:
-            self._pending = _merge(self._pending, _Request(
+            self._pending = _merge(self._pending, CheckpointRequest(
                 then, reason, now, deadline=None if timeout_s is None else now + timeout_s))
             self.flag = True
         if timeout_s is not None:
@@ -132,7 +135,7 @@ class Controller:
             return
         self._report_timeout(request, now)
 
-    def _report_timeout(self, request: _Request, now: float, stage: str = "safe point") -> None:
+    def _report_timeout(self, request: CheckpointRequest, now: float, stage: str = "safe point") -> None:
         """``stage``: what did not happen in time, "safe point" (none reached) or "agreement" (the
         ranks of a job reached no common safe point)."""
         from . import where
@@ -166,22 +169,22 @@ class Controller:
         return (self._pending is not None or self._at_step is not None or self._trace is not None
                 or self._progress_due or self._periodic_due)
 
-    def _poll(self, rt: "Runtime") -> tuple[Optional[_Request], bool]:
+    def _poll(self, rt: "Runtime") -> tuple[Optional[CheckpointRequest], bool]:
         now = time.monotonic()
-        expired: Optional[_Request] = None
+        expired: Optional[CheckpointRequest] = None
         with self._lock:
             request, self._pending = self._pending, None
             if request is not None and request.deadline is not None and now > request.deadline:
                 expired, request = request, None  # answered already (or about to be) as timed out
             if self._at_step is not None and rt.step >= self._at_step[0]:
-                request = _merge(request, _Request(self._at_step[1], f"step {self._at_step[0]}", now))
+                request = _merge(request, CheckpointRequest(self._at_step[1], f"step {self._at_step[0]}", now))
                 self._at_step = None
             if self._periodic_due:
                 self._periodic_due = False
                 # a periodic checkpoint due while the previous one is still being written behind
                 # the loop is skipped (the next comes a period later), not waited for
                 if request is None and not self.writer.busy:
-                    request = _Request("continue", "periodic", self._periodic_due_at)
+                    request = CheckpointRequest("continue", "periodic", self._periodic_due_at)
             progress, self._progress_due = self._progress_due, False
             self.flag = self._wants_slow_path()
         if expired is not None:

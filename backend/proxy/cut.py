@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from .controller import Controller, _Request
+from .controller import Controller, CheckpointRequest
 
 CONTINUE = 1
 STOP = 2
@@ -214,7 +214,7 @@ class DistributedController(Controller):
         super().__init__(store, rank, world_size, checkpoint_every if rank == 0 else None, on_event)
         self.cut = cut if cut is not None else default_cut()
         self.flag = True
-        self._in_cut: Optional[_Request] = None
+        self._in_cut: Optional[CheckpointRequest] = None
         self._in_cut_at = 0.0
         #: this rank answered a request as timed out since the last agreement
         self._withdrawn = False
@@ -235,7 +235,7 @@ class DistributedController(Controller):
     def _wants_slow_path(self) -> bool:
         return True
 
-    def _poll(self, rt: Any) -> tuple[Optional[_Request], bool]:
+    def _poll(self, rt: Any) -> tuple[Optional[CheckpointRequest], bool]:
         request, progress = super()._poll(rt)
         if request is not None:
             self.cut.request(request.then, request.reason)
@@ -254,46 +254,25 @@ class DistributedController(Controller):
             # A rank already answered this request as timed out (its bits had spread before the
             # withdrawal could): the ranks agree, in the same collective, to take no checkpoint.
             return None, progress
-        return _Request(decision.then, reason or "consistent cut", requested_at, label), progress
+        return CheckpointRequest(decision.then, reason or "consistent cut", requested_at, label), progress
 
     def request_checkpoint(self, then: str = "continue", reason: str = "", timeout_s: Optional[float] = None) -> None:
         self._withdrawn = False  # a new request: the timed-out one was answered and is done
         super().request_checkpoint(then, reason, timeout_s)  # type: ignore[arg-type]
 
-    def _report_timeout(self, request: _Request, now: float, stage: str = "safe point") -> None:
+    def _report_timeout(self, request: CheckpointRequest, now: float, stage: str = "safe point") -> None:
         self._withdrawn = True  # whatever agreement is reached next for it must not be acted on
         super()._report_timeout(request, now, stage)
 
     def _all_written(self, mine: bool) -> bool:
         """Agree on the outcome: if any rank could not write its part, no rank stops (the set will
-        never be complete) and the job runs on, as a one-rank job does after a failed checkpoint.
-        The same holds when the parts went to places that never meet (`store.meeting_point`):
-        ranks on nodes that share neither a checkpoint folder nor a store."""
+        never be complete) and the job runs on, as a one-rank job does after a failed checkpoint."""
         import torch
         import torch.distributed as dist
 
-        from .store import meeting_point
-
-        here = 0
-        if mine:
-            try:
-                here = meeting_point(self.store.root)
-            except OSError as exc:
-                self._emit("checkpoint_failed", {"error": f"cannot read where the parts meet: {exc}", "variables": []})
-                mine = False
-        t = torch.tensor([1 if mine else 0, here, -here], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        if not t[0].item():
-            return False
-        if t[1].item() != -t[2].item():  # the ranks' parts are in folders that are not one
-            if self.rank == 0:
-                self._emit("checkpoint_failed", {"error": (
-                    "the ranks' parts of this checkpoint were written on nodes that share no checkpoint "
-                    "folder, so no rank can commit them: serve with --store URL (its agents then bring the "
-                    "parts together), or give every node the same checkpoint folder (--checkpoint-root on "
-                    "a shared filesystem)"), "variables": []})
-            return False
-        return True
+        ok = torch.tensor([1 if mine else 0], dtype=torch.int64)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        return bool(ok.item())
 
 
 def _agree_on_label(step: int, withdrawn: bool = False) -> tuple[int, bool]:

@@ -15,7 +15,7 @@ from . import context, training_state
 from .errors import CheckpointError
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
-from .state import _extract_code_globals, load_graph, rebuild_variables
+from .state import extract_code_globals, load_graph, rebuild_variables
 
 if TYPE_CHECKING:  # pragma: no cover
     from .controller import Controller
@@ -264,7 +264,7 @@ class ResumableProgram:
                 and module.__name__ != "__main__":
             return fn.__globals__
         if isinstance(fn, types.FunctionType):
-            for name in _extract_code_globals(fn.__code__):
+            for name in extract_code_globals(fn.__code__):
                 if name in fn.__globals__:
                     namespace.setdefault(name, fn.__globals__[name])
         return namespace

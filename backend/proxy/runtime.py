@@ -28,7 +28,7 @@ from .rewrite import RT
 _get_ident = threading.get_ident
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .controller import Controller, _Request
+    from .controller import Controller, CheckpointRequest
     from .program import ResumableProgram
 
 
@@ -413,7 +413,7 @@ class Runtime:
             out["functions"] = [self.program.defs[u.fid].name for u in chain[1:]]
         return out
 
-    def _checkpoint(self, request: "_Request", boundary: Optional[int]) -> None:
+    def _checkpoint(self, request: "CheckpointRequest", boundary: Optional[int]) -> None:
         from .state import write_checkpoint
 
         ctl = self.ctl

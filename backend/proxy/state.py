@@ -69,7 +69,7 @@ try:
     _dynamic_class_reduce = _cp._dynamic_class_reduce
     _make_skeleton_class = _cp._make_skeleton_class
     _should_pickle_by_reference = _cp._should_pickle_by_reference
-    _extract_code_globals = _cp._extract_code_globals
+    extract_code_globals = _cp._extract_code_globals
 except AttributeError as _e:  # pragma: no cover
     raise ImportError(f"backend.proxy needs cloudpickle 3.x internals ({_e}); install cloudpickle>=3,<4") from _e
 
