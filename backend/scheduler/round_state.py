@@ -119,6 +119,8 @@ class RoundState:
         #: bumped whenever ``nfree`` or ``las_cats`` change; keys the cache of ``_most``
         self.version = 0
         self._most: dict[tuple, tuple[int, int]] = {}
+        #: the jobs this round may act on: waiting ones, and running ones that may be shrunk,
+        #: preempted, migrated or grown (others only count in ``held_by``)
         self.jobs: dict[str, RJob] = {}
         self.waiting: list[RJob] = []
         self.shrunk: list[RJob] = []
@@ -136,34 +138,43 @@ class RoundState:
     # ------------------------------------------------------------------ reading the snapshot
 
     def _read_jobs(self, views: tuple[JobView, ...]) -> None:
+        # the hot loop of a round (every job, every round): locals only, no calls for the
+        # common case of a job on one node
         now, cfg = self.now, self.config
         interval = cfg.min_move_interval_s
         horizon = cfg.aging_horizon_s
         mins: dict[tuple[SLA, SLA, int], tuple[int, int]] = {}
         running_state = JobState.RUNNING
+        queued, preempted = JobState.QUEUED, JobState.PREEMPTED
         basic, standard = SLA.BASIC, SLA.STANDARD
         thresholds = cfg.las_thresholds_s
         stall_cost = cfg.las_margin * cfg.overhead_s
-        track: list[tuple[int, int, int, int]] = []  # (class, category, node, devices)
+        n_nodes = len(self.names)
+        #: flat index ((class * 4 + category) * nodes + node) -> devices, added in bulk
+        track: dict[int, int] = {}
         jobs, waiting_jobs, shrunk, held_by = self.jobs, self.waiting, self.shrunk, self.held_by
         index, node_jobs = self.index, self.node_jobs
         demoted = self.demoted
+        rank_of = RANK
+        bisect_right = bisect.bisect_right
         for v in views:
             st = v.state
-            waiting = st in WAITING
+            waiting = st == queued or st == preempted
             if not waiting and st not in HOLDING:
                 continue
             own = demoted.get(v.id, v.sla) if demoted else v.sla  # its tier within its user's quota
             sla = own
             gpus = v.gpus
+            submitted = v.submitted_at
             ran = v.ran_s
+            moved = v.last_moved_at
             if ran is not None:
-                waited = aging = now - v.submitted_at - ran
+                waited = aging = now - submitted - ran
             else:
                 # unknown: basic jobs age with their time in the system (the rule before service
                 # data); a waiting job has waited at least since its preemption or submission
-                aging = now - v.submitted_at
-                waited = now - (v.last_moved_at if v.last_moved_at is not None else v.submitted_at)
+                aging = now - submitted
+                waited = now - (moved if moved is not None else submitted)
             if sla == basic and aging >= horizon:
                 sla = standard  # aging (tiers module docstring)
             sizes = mins.get((own, sla, gpus))
@@ -171,69 +182,77 @@ class RoundState:
                 floor = min_devices(sla, gpus, cfg)
                 sizes = mins[(own, sla, gpus)] = (floor, min(floor, min_devices(own, gpus, cfg)))
             min_p, start_min = sizes if v.elastic else (gpus, gpus)
+            ckpt = v.last_checkpoint_at
+            attained = v.attained_s
+            rank = rank_of[sla]
+            if waiting:
+                las = bisect_right(thresholds, attained) if attained > 0.0 else 0
+                job = RJob(v, v.id, v.user, sla, rank, gpus, min_p, submitted,
+                           ckpt if ckpt is not None else submitted, {}, 0, False, False, start_min,
+                           waited, attained, las, las)
+                jobs[v.id] = job
+                waiting_jobs.append(job)
+                continue
             # placements are replaced, never mutated, so the view's dict can be shared
-            placement = {} if waiting else v.placement
+            placement = v.placement
             held = 0
             for d in placement.values():
                 held += len(d)
-            moved = v.last_moved_at
-            ckpt = v.last_checkpoint_at
-            attained = v.attained_s
-            las = las_victim = 0
-            if attained > 0.0:
-                las = bisect.bisect_right(thresholds, attained)
-                if attained >= stall_cost * held:
-                    las_victim = las
-            rank = RANK[sla]
             running = st == running_state
             protected = moved is not None and now - moved < interval
-            job = RJob(
-                v,
-                v.id,
-                v.user,
-                sla,
-                rank,
-                gpus,
-                min_p,
-                v.submitted_at,
-                ckpt if ckpt is not None else v.submitted_at,
-                placement,
-                held,
-                running,
-                protected,
-                start_min,
-                waited,
-                attained,
-                las,
-                las_victim,
-            )
-            jobs[v.id] = job
-            if waiting:
-                waiting_jobs.append(job)
+            if not running or protected or (rank == 2 and held >= gpus):
+                # nothing this round may do to it (in transition, moved recently, premium at
+                # full size): it only counts in its user's holdings
+                key = (rank, v.user)
+                held_by[key] = held_by.get(key, 0) + held
                 continue
+            las = las_victim = 0
+            if attained > 0.0:
+                las = bisect_right(thresholds, attained)
+                if attained >= stall_cost * held:
+                    las_victim = las
+            job = RJob(v, v.id, v.user, sla, rank, gpus, min_p, submitted,
+                       ckpt if ckpt is not None else submitted, placement, held, running, protected,
+                       start_min, waited, attained, las, las_victim)
+            jobs[v.id] = job
             key = (rank, job.user)
             held_by[key] = held_by.get(key, 0) + held
             for node in placement:
                 i = index.get(node)
                 if i is not None:
-                    node_jobs.setdefault(i, []).append(job)
+                    lst = node_jobs.get(i)
+                    if lst is None:
+                        node_jobs[i] = [job]
+                    else:
+                        lst.append(job)
             if running and not protected:
-                if rank < 2:  # movable
-                    self._track(job, track)
+                if rank < 2:  # movable: count what taking it back would free, per node
+                    base = (las_victim * 4 + (SHRINK_BASIC if rank == 0 else SHRINK_STANDARD)) * n_nodes
+                    if len(placement) == 1:
+                        (node,) = placement
+                        i = index.get(node)
+                        if i is None:
+                            job.contrib = {}
+                        else:
+                            kept = min_p if min_p < held else held
+                            job.contrib = {i: (held - kept, kept)}
+                            track[base + i] = track.get(base + i, 0) + held - kept
+                            track[base + n_nodes + i] = track.get(base + n_nodes + i, 0) + kept
+                    else:
+                        self._track(job, track, base)
                 if held < gpus:
                     shrunk.append(job)
         if track:
-            k, c, i, n = zip(*track)
-            np.add.at(self.las_cats, (list(k), list(c), list(i)), list(n))
+            flat = self.las_cats.reshape(-1)  # a view: las_cats is contiguous
+            flat[np.fromiter(track.keys(), np.int64, len(track))] += np.fromiter(track.values(), np.int64, len(track))
             # per class -> at least that class
             self.las_cats[:] = np.cumsum(self.las_cats[::-1], axis=0)[::-1]
 
-    def _track(self, job: RJob, out: list[tuple[int, int, int, int]]) -> None:
-        """Count what taking this job back would free, per node (added to the counts in bulk)."""
+    def _track(self, job: RJob, track: dict[int, int], base: int) -> None:
+        """What taking back a job on several nodes would free, per node (added in bulk)."""
         keep = shrunk_placement(job.placement, job.min_p) if job.min_p < job.held else job.placement
         contrib: dict[int, tuple[int, int]] = {}
-        shrink_cat = SHRINK_BASIC if job.rank == 0 else SHRINK_STANDARD
-        k = job.las_victim
+        n_nodes = len(self.names)
         for node, devs in job.placement.items():
             i = self.index.get(node)
             if i is None:
@@ -241,8 +260,8 @@ class RoundState:
             kept = len(keep.get(node, ()))
             freed = len(devs) - kept
             contrib[i] = (freed, kept)
-            out.append((k, shrink_cat, i, freed))
-            out.append((k, shrink_cat + 1, i, kept))
+            track[base + i] = track.get(base + i, 0) + freed
+            track[base + n_nodes + i] = track.get(base + n_nodes + i, 0) + kept
         job.contrib = contrib
 
     def _untrack(self, job: RJob) -> None:
@@ -276,7 +295,10 @@ class RoundState:
         old = job.placement
         release: Placement = {}
         acquire: Placement = {}
-        for node in set(old) | set(new):
+        # in the placements' order: iterating a set of names would follow the string hash,
+        # which changes from one process to the next, and with it the free-device buckets'
+        # order, best fit's choices and a simulation's figures
+        for node in [*old, *(n for n in new if n not in old)]:
             o, n = set(old.get(node, ())), set(new.get(node, ()))
             if o - n:
                 release[node] = tuple(sorted(o - n))
