@@ -21,6 +21,7 @@ Rank 0 then reports the checkpoint and its agent uploads it whole, as for a one-
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from typing import Iterable, Optional
 
 import fsspec
 
-from backend.proxy.store import BLOB_DIR, CheckpointStore
+from backend.proxy.store import BLOB_DIR, MEETING_FILE, CheckpointStore
 
 log = logging.getLogger("singularity.agent")
 _COMMITTED = re.compile(r"^ckpt-(\d{8,})$")
@@ -145,11 +146,18 @@ class PartExchange:
         self.job_id, self.attempt, self.world_size = job_id, attempt, world_size
         self.local = sorted(set(local_ranks))
         self.gathers = 0 in self.local
-        self.since = time.time() if since is None else since
+        # file times come from the kernel's coarse clock, a tick behind time.time() at most
+        self.since = time.time() - 0.01 if since is None else since
         self.local_job = transfer.cache_root / job_id
         self.sent: set[tuple[int, int]] = set()  # (step, rank) uploaded
         self.sent_blobs: dict[int, set[str]] = {}  # step -> blobs uploaded (ranks here share them)
         self.committed: set[int] = set()
+        # the parts meet in the store: the same place for this job's ranks on every node
+        place = hashlib.sha256(f"{transfer.fs.unstrip_protocol(transfer._job(job_id))}".encode()).hexdigest()
+        self.local_job.mkdir(parents=True, exist_ok=True)
+        tmp = self.local_job / f"{MEETING_FILE}.agent"
+        tmp.write_text(place[:16])
+        os.replace(tmp, self.local_job / MEETING_FILE)
 
     def _remote(self, step: int) -> str:
         return f"{self.t._job(self.job_id)}/{PARTS}/a{self.attempt}/ckpt-{step:08d}"

@@ -266,13 +266,34 @@ class DistributedController(Controller):
 
     def _all_written(self, mine: bool) -> bool:
         """Agree on the outcome: if any rank could not write its part, no rank stops (the set will
-        never be complete) and the job runs on, as a one-rank job does after a failed checkpoint."""
+        never be complete) and the job runs on, as a one-rank job does after a failed checkpoint.
+        The same holds when the parts went to places that never meet (`store.meeting_point`):
+        ranks on nodes that share neither a checkpoint folder nor a store."""
         import torch
         import torch.distributed as dist
 
-        ok = torch.tensor([1 if mine else 0], dtype=torch.int64)
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        return bool(ok.item())
+        from .store import meeting_point
+
+        here = 0
+        if mine:
+            try:
+                here = meeting_point(self.store.root)
+            except OSError as exc:
+                self._emit("checkpoint_failed", {"error": f"cannot read where the parts meet: {exc}", "variables": []})
+                mine = False
+        t = torch.tensor([1 if mine else 0, here, -here], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        if not t[0].item():
+            return False
+        if t[1].item() != -t[2].item():  # the ranks' parts are in folders that are not one
+            if self.rank == 0:
+                self._emit("checkpoint_failed", {"error": (
+                    "the ranks' parts of this checkpoint were written on nodes that share no checkpoint "
+                    "folder, so no rank can commit them: serve with --store URL (its agents then bring the "
+                    "parts together), or give every node the same checkpoint folder (--checkpoint-root on "
+                    "a shared filesystem)"), "variables": []})
+            return False
+        return True
 
 
 def _agree_on_label(step: int, withdrawn: bool = False) -> tuple[int, bool]:

@@ -45,6 +45,34 @@ _COMMITTED = re.compile(r"^ckpt-(\d{8,})$")
 _STAGING = re.compile(r"^\.ckpt-(\d{8,})\.tmp$")
 #: Test hook: seconds to sleep half-way through writing a rank file (so a test can kill -9 us).
 SLEEP_HOOK_ENV = "SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE"
+#: in a job's root: which place its ranks' parts meet in (`meeting_point`)
+MEETING_FILE = ".parts-meet"
+
+
+def meeting_point(root: Path) -> int:
+    """A number for the place where the parts of the checkpoints in ``root`` come together.
+
+    Ranks that read the same number put their parts where one of them can commit the set: the
+    first to look draws it at random, so ranks sharing the folder (one node, or nodes on one
+    shared filesystem) read the same one, and ranks on nodes with folders of their own read
+    different ones. An agent that brings the parts together through a store writes one derived
+    from the store and the job on each of its nodes before the ranks start (agent/transfer.py).
+    """
+    path = Path(root) / MEETING_FILE
+    try:
+        return int(path.read_text()[:15], 16)
+    except (FileNotFoundError, ValueError):
+        pass
+    Path(root).mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{MEETING_FILE}.{os.getpid()}.{os.urandom(4).hex()}")
+    tmp.write_text(os.urandom(8).hex())
+    try:
+        os.link(tmp, path)  # atomic and exclusive, with its content, also on NFS
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return int(path.read_text()[:15], 16)
 
 
 class CheckpointDamaged(UserWarning):

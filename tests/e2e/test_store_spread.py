@@ -5,12 +5,19 @@ exactly as an uninterrupted run."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
 
 from exactness import rank_lines, source, wait_for_lines
 from backend.agent.transfer import CheckpointTransfer
 from backend.proxy import digest
 from backend.proxy.store import BLOB_DIR, CheckpointStore
 from singularity_sdk import EventType, JobState, LocalCluster
+from singularity_sdk.errors import CheckpointFailed
 
 STEPS = 30
 ENV = {"STEPS": str(STEPS)}
@@ -100,3 +107,39 @@ def test_a_data_parallel_job_spread_over_nodes_checkpoints_through_the_store(tmp
         caches = [cluster.home / "agents" / n / "checkpoint-cache" for n in ("node-1", "node-2")]
         assert not any((c / job.id).exists() and any((c / job.id).glob(".ckpt-*.tmp")) for c in caches), \
             "parts of a checkpoint were left behind in a node's cache"
+
+
+def _start_agent_with_its_own_folder(cluster: LocalCluster, name: str) -> subprocess.Popen:
+    """An agent whose checkpoint folder no other node sees, and no store: the layout that cannot work."""
+    env = {**os.environ, "SINGULARITY_HOME": str(cluster.home), "SINGULARITY_JOIN_TOKEN": cluster.agent_token}
+    log = open(cluster.home / "logs" / f"agent-{name}.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "backend.agent", "--server", cluster.url, "--name", name,
+                             "--devices", "1", "--home", str(cluster.home / "agents" / name),
+                             "--checkpoint-root", str(cluster.home / "agents" / name / "own-checkpoints"),
+                             "--orphan-timeout", "60"],
+                            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    log.close()
+    with cluster.client() as c:
+        while not any(n.name == name and n.state.value == "ready" for n in c.nodes()):
+            assert proc.poll() is None, f"the agent {name} exited"
+            time.sleep(0.1)
+    return proc
+
+
+def test_ranks_on_nodes_that_share_no_folder_and_no_store_fail_their_checkpoint_at_once(tmp_path):
+    with LocalCluster(nodes=1, devices_per_node=1, home=tmp_path / "h") as cluster:
+        other = _start_agent_with_its_own_folder(cluster, "apart")
+        try:
+            with cluster.client() as client:
+                job = client.submit(source("ddp_train.py"), gpus=2, env=ENV, name="ddp-apart")
+                wait_for_lines(job, 8)
+                assert {p.node for p in job.refresh().placement} == {"node-1", "apart"}
+                with pytest.raises(CheckpointFailed, match="--store"):  # says what to do; no hang
+                    job.preempt(timeout=120)
+                assert job.wait(180) == JobState.SUCCEEDED, job.info.error  # and the job runs on
+                lines = rank_lines(job)
+                assert sorted(lines) == [0, 1] and len({v[-1].split()[-1] for v in lines.values()}) == 1
+        finally:
+            os.killpg(other.pid, signal.SIGKILL)
+            other.wait()
