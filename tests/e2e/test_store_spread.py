@@ -143,3 +143,34 @@ def test_ranks_on_nodes_that_share_no_folder_and_no_store_fail_their_checkpoint_
         finally:
             os.killpg(other.pid, signal.SIGKILL)
             other.wait()
+
+
+def test_a_spread_job_whose_rank_0_node_dies_resumes_from_the_store_exactly(tmp_path):
+    """Rank 0's node is where the parts met: the committed checkpoints it uploaded carry the job on."""
+    with LocalCluster(nodes=3, devices_per_node=1, home=tmp_path / "h", store=f"file://{tmp_path / 'store'}",
+                      node_timeout=600) as cluster, cluster.client() as client:
+        plain = client.submit(source("ddp_train.py"), gpus=2, env=ENV, name="ddp-plain")
+        assert plain.wait(180) == JobState.SUCCEEDED, plain.info.error
+        reference = rank_lines(plain)
+        job = client.submit(source("ddp_train.py"), gpus=2, env=ENV, name="ddp-node-lost", checkpoint_every=0.3)
+        for ev in job.events():
+            if ev.type == EventType.CHECKPOINTED and ev.data.get("step", 0) > 5 and ev.data.get("store_path"):
+                break
+        started = [e.data for e in job.events(follow=False) if e.type == EventType.STARTED]
+        node = next(d["node"] for d in started if "0" in d["pids"])
+        os.killpg(cluster.agent_pids()[node], signal.SIGKILL)
+        for pid in (int(p) for d in started if d["node"] == node for p in d["pids"].values()):
+            try:
+                os.kill(pid, signal.SIGKILL)  # the node is gone: its workers with it
+            except ProcessLookupError:
+                pass
+        assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+        events = list(job.events(follow=False))
+        assert any(e.type == EventType.NODE_LOST and e.data["node"] == node for e in events)
+        assert node not in {p.node for p in job.info.placement}
+        assert job.result() == plain.result()
+        resumed = max(e.seq for e in events if e.type == EventType.RESUMED)
+        for rank, expected in reference.items():  # from the restore on, the uninterrupted run's output
+            after = [e.data["line"] for e in events if e.seq > resumed and e.type == EventType.LOG
+                     and e.data.get("stream") == "stdout" and e.data.get("rank") == rank]
+            assert after and after == expected[-len(after):]
