@@ -24,7 +24,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         run(args.home, args.host, args.port, args.nodes, args.devices_per_node, args.store, args.checkpoint_every,
             args.node_timeout, args.policy, args.min_move_interval, args.move_cost,
             checkpoint_timeout=args.checkpoint_timeout, tls_cert=args.tls_cert, tls_key=args.tls_key, ca=args.ca,
-            ray_address=args.ray)
+            ray_address=args.ray, stop_timeout=args.stop_timeout)
     except StoreTooNew as exc:
         raise SingularityError(str(exc)) from None
     return 0
@@ -65,6 +65,9 @@ def register(add: AddCommand) -> dict[str, Passthrough]:
     s.add_argument("--checkpoint-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a preempt, migrate or resize that finds no safe point this long is answered "
                         "checkpoint_failed (saying where the job is) and the job runs on")
+    s.add_argument("--stop-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM, how long running jobs have to checkpoint before they are ended; they "
+                        "are queued again and resume when the service is back (default 30)")
     s.add_argument("--node-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="a node whose agent is silent this long is lost; its jobs resume elsewhere")
     s.add_argument("--policy", choices=["singularity", "fifo"], default="singularity",

@@ -17,6 +17,8 @@ from typing import Any, Optional
 # ---------------------------------------------------------------------------- exit codes
 #: the rank stopped at a committed checkpoint (preempt, migrate, resize): resume it later
 EXIT_PREEMPTED = 75
+#: the rank ended at the agent's ``exit`` request (cancel, or the job failed on another rank)
+EXIT_STOPPED = 143
 
 # ---------------------------------------------------------------------------- environment
 # Set by the agent for every rank (besides RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,

@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +23,14 @@ from typing import Optional
 import httpx
 
 from singularity_sdk.config import default_home
+from singularity_sdk.errors import SingularityError
+from singularity_sdk.local import launch_serve, wait_for_serve
 from singularity_sdk.protocol import API_PREFIX
 
 MARKER = "jupyter_ext.json"  # in the home: "this backend was started by a Jupyter server"
+#: when Jupyter stops, how long the embedded backend's running jobs have to checkpoint (they
+#: are queued again and resume when Jupyter and its backend start on the same home)
+STOP_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -98,36 +102,24 @@ class BackendManager:
         return self._launch(home)
 
     def _launch(self, home: Path) -> BackendInfo:
-        (home / "logs").mkdir(parents=True, exist_ok=True)
-        (home / "server.json").unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "backend", "serve", "--home", str(home), "--port", str(self._port),
-               "--nodes", str(0 if self.ray else self.nodes)]
+        args = ["--port", str(self._port), "--nodes", str(0 if self.ray else self.nodes),
+                "--stop-timeout", f"{STOP_TIMEOUT_S:g}"]
         if self.ray:
-            cmd += ["--ray", self.ray]
+            args += ["--ray", self.ray]
         if self.store:
-            cmd += ["--store", self.store]
+            args += ["--store", self.store]
         if self.devices_per_node:
-            cmd += ["--devices-per-node", str(self.devices_per_node)]
-        env = {**os.environ, "SINGULARITY_HOME": str(home)}
-        env.pop("SINGULARITY_URL", None)
-        env.pop("SINGULARITY_TOKEN", None)
-        with open(home / "logs" / "jupyter-backend.log", "ab") as logf:
-            self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            found = _read_server_json(home)
-            if found and found.get("pid") == self.proc.pid:
-                break
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = _tail(home / "logs" / "jupyter-backend.log")
-                why = "exited" if self.proc.poll() is not None else f"did not start within {self.start_timeout:g}s"
-                self.info = BackendInfo(mode="embedded", home=home, owned=True,
-                                        error=f"the Singularity backend {why}; see {home}/logs/jupyter-backend.log:\n{tail}")
-                self.log.error("%s", self.info.error)
-                self.stop()
-                return self.info
-            time.sleep(0.05)
+            args += ["--devices-per-node", str(self.devices_per_node)]
+        env = {k: v for k, v in os.environ.items() if k not in ("SINGULARITY_URL", "SINGULARITY_TOKEN")}
+        log_path = home / "logs" / "jupyter-backend.log"
+        self.proc = launch_serve(home, args, env, log_path, new_session=True)
+        try:
+            found = wait_for_serve(home, self.proc, self.start_timeout, log_path)
+        except SingularityError as exc:
+            self.info = BackendInfo(mode="embedded", home=home, owned=True, error=str(exc))
+            self.log.error("%s", self.info.error)
+            self.stop()
+            return self.info
         _write_json(home / MARKER, {"backend_pid": self.proc.pid, "jupyter_pid": os.getpid()})
         if not self._atexit:  # Jupyter may exit without stopping its extensions (e.g. a startup error)
             atexit.register(self.stop)
@@ -171,7 +163,7 @@ class BackendManager:
             os.environ["SINGULARITY_HOME"] = str(info.home)
 
     # ------------------------------------------------------------------ stop
-    def stop(self, timeout: float = 20.0) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT_S + 20.0) -> None:
         """Stop the backend if this Jupyter answers for it: SIGTERM (the server stops its agents
         and removes server.json), SIGKILL after ``timeout``. Another's backend is left alone."""
         info = self.info
@@ -252,10 +244,3 @@ def _pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return True
-
-
-def _tail(path: Path, chars: int = 2000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return ""

@@ -22,6 +22,42 @@ from .client import Client
 from .errors import SingularityError
 
 
+def launch_serve(home: Path, args: list[str], env: dict[str, str], log_path: Path, *,
+                 new_session: bool = False) -> subprocess.Popen:
+    """Start ``python -m backend serve --home HOME ARGS`` with its output in ``log_path``: the one
+    way this package and the Jupyter extension start a server. A server.json left by an
+    earlier server is removed first, so `wait_for_serve` reads this one's."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "server.json").unlink(missing_ok=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "backend", "serve", "--home", str(home), *args],
+                                env={**env, "SINGULARITY_HOME": str(home)}, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=new_session)
+
+
+def wait_for_serve(home: Path, proc: subprocess.Popen, timeout: float, log_path: Path) -> dict[str, Any]:
+    """The started server's server.json (url, token, agent_token, pid, ca); SingularityError with
+    the end of its log if it exits or does not answer within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    path = home / "server.json"
+    while True:
+        try:
+            info = json.loads(path.read_text())
+            if isinstance(info, dict) and info.get("pid") in (None, proc.pid) and info.get("url"):
+                return info
+        except (OSError, ValueError):
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            why = f"exited with code {proc.returncode}" if proc.poll() is not None else f"did not start within {timeout:g}s"
+            try:
+                tail = log_path.read_text(errors="replace")[-3000:]
+            except OSError:
+                tail = ""
+            raise SingularityError(f"the Singularity server {why}; see {log_path}:\n{tail}")
+        time.sleep(0.05)
+
+
 class LocalCluster:
     def __init__(self, nodes: int = 2, devices_per_node: int = 2, *, home: Optional[Path] = None,
                  port: int = 0, start_timeout: float = 60.0, env: Optional[dict[str, str]] = None,
@@ -29,7 +65,8 @@ class LocalCluster:
                  checkpoint_every: Optional[float] = None, policy: Optional[str] = None,
                  min_move_interval: Optional[float] = None, move_cost: Optional[float] = None,
                  checkpoint_timeout: Optional[float] = None, tls_cert: Optional[Path] = None,
-                 tls_key: Optional[Path] = None, ray: Optional[str] = None, sandbox: Optional[str] = None):
+                 tls_key: Optional[Path] = None, ray: Optional[str] = None, sandbox: Optional[str] = None,
+                 stop_timeout: Optional[float] = None):
         #: with ``ray`` (an address as for ``ray.init``), agents run on the Ray cluster's GPU
         #: nodes instead of locally, and ``nodes`` is how many of them to wait for
         self.ray = ray
@@ -63,6 +100,10 @@ class LocalCluster:
             self.extra_args += ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]
         if ray is not None:
             self.extra_args += ["--ray", ray]
+        #: on close, how long running jobs have to checkpoint (they resume when a cluster starts
+        #: again on the same home); a temporary home is deleted on close, so it gets none
+        self.stop_timeout = stop_timeout if stop_timeout is not None else (0.0 if self._own_home else 10.0)
+        self.extra_args += ["--stop-timeout", f"{self.stop_timeout:g}"]
         self.proc: Optional[subprocess.Popen] = None
         self.url = ""
         self.token = ""
@@ -73,27 +114,16 @@ class LocalCluster:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> "LocalCluster":
-        server_json = self.home / "server.json"
-        server_json.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "backend", "serve", "--home", str(self.home), "--port",
-               str(self.port), "--nodes", str(0 if self.ray else self.nodes), "--devices-per-node", str(self.devices_per_node),
-               *self.extra_args]
-        env = {**os.environ, "SINGULARITY_HOME": str(self.home), **self.env}
+        args = ["--port", str(self.port), "--nodes", str(0 if self.ray else self.nodes),
+                "--devices-per-node", str(self.devices_per_node), *self.extra_args]
+        env = {**os.environ, **self.env}
         if self.sandbox is not None:
             env["SINGULARITY_SANDBOX"] = self.sandbox
         else:
             env.setdefault("SINGULARITY_SANDBOX", "off")
-        self.home.mkdir(parents=True, exist_ok=True)
-        log = open(self.home / "server.log", "ab")
-        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
         deadline = time.monotonic() + self.start_timeout
-        while not server_json.exists():
-            self._check_alive()
-            if time.monotonic() > deadline:
-                raise SingularityError(f"the local server did not start in {self.start_timeout}s; see {self.home}/server.log")
-            time.sleep(0.05)
-        info = json.loads(server_json.read_text())
+        self.proc = launch_serve(self.home, args, env, self.home / "server.log")
+        info = wait_for_serve(self.home, self.proc, self.start_timeout, self.home / "server.log")
         self.url, self.token, self.agent_token = info["url"], info["token"], info["agent_token"]
         self.ca = info.get("ca")
         self.port = int(self.url.rsplit(":", 1)[1])
@@ -149,7 +179,7 @@ class LocalCluster:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=self.stop_timeout + 20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

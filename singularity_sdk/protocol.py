@@ -347,9 +347,17 @@ class AgentHeartbeat(Strict):
     running: list[tuple[str, int]] = Field(default_factory=list)
 
 
-AgentMessage = Union[AgentHello, AgentEvents, AgentHeartbeat]
+class AgentLeaving(Strict):
+    """Agent -> server: a planned stop has begun; place nothing more on this node (its jobs
+    checkpoint and stop, and are queued again). A later hello makes the node ready again."""
+
+    type: Literal["leaving"] = "leaving"
+    reason: str = Field("", max_length=1000)
+
+
+AgentMessage = Union[AgentHello, AgentEvents, AgentHeartbeat, AgentLeaving]
 agent_message_adapter: TypeAdapter[AgentMessage] = TypeAdapter(
-    Union[AgentHello, AgentEvents, AgentHeartbeat]
+    Union[AgentHello, AgentEvents, AgentHeartbeat, AgentLeaving]
 )
 
 

@@ -27,6 +27,7 @@ from singularity_sdk.protocol import (
     AgentEvents,
     AgentHeartbeat,
     AgentHello,
+    AgentLeaving,
     CheckpointJob,
     DeviceInfo,
     EventType,
@@ -55,7 +56,8 @@ WARM_ENV = "SINGULARITY_WARM_WORKERS"
 class Agent:
     def __init__(self, server: str, token: str, name: str, devices: list[DeviceInfo], home: Path,
                  checkpoint_root: Path, threads_per_slot: int = 1, orphan_timeout: Optional[float] = None,
-                 store: Optional[str] = None, address: Optional[str] = None, ca: Optional[str] = None):
+                 store: Optional[str] = None, address: Optional[str] = None, ca: Optional[str] = None,
+                 stop_timeout: float = 30.0):
         self.url = server.rstrip("/").replace("http://", "ws://").replace("https://", "wss://") + API_PREFIX + "/agents/ws"
         self.token = token
         #: trusts the server's private CA when it serves TLS (--ca / SINGULARITY_CA)
@@ -66,6 +68,9 @@ class Agent:
         self.checkpoint_root = checkpoint_root
         self.threads_per_slot = threads_per_slot
         self.orphan_timeout = orphan_timeout
+        #: a planned stop waits this long for its jobs to checkpoint (see `_wind_down`)
+        self.stop_timeout = stop_timeout
+        self._stop_reason = "the node agent is stopping"
         self.address = address
         self.transfer = CheckpointTransfer(store, checkpoint_root) if store else None
         self.instance = uuid.uuid4().hex
@@ -117,8 +122,8 @@ class Agent:
                 log.warning("no warm worker spawner (%s); every worker starts a fresh interpreter", exc)
                 self.spawner = None
         backoff = 0.1
-        stopper = asyncio.create_task(self._stop.wait())
-        while not self._stop.is_set():
+        stopper = asyncio.create_task(self._wind_down())
+        while not stopper.done():
             try:
                 async with connect(self.url, additional_headers={"Authorization": f"Bearer {self.token}"},
                                    **tls.websocket_kwargs(self.url, self.ssl),
@@ -205,6 +210,7 @@ class Agent:
                                       "timeout_s": msg.timeout_s})
             elif isinstance(msg, Shutdown):
                 log.info("server asked us to stop: %s", msg.reason)
+                self._stop_reason = f"the node agent is stopping ({msg.reason})"
                 self._stop.set()
 
     # ------------------------------------------------------------------ jobs
@@ -276,6 +282,31 @@ class Agent:
             return
         await run.stop(msg.reason, msg.grace_s)
 
+    async def _wind_down(self) -> None:
+        """A planned stop (SIGTERM or SIGINT to the agent, or the server's Shutdown): every job
+        here checkpoints at its next safe point and exits, and the server queues it again, so it
+        resumes where it stopped (elsewhere, or here once the agent is back); a job that reaches
+        no safe point within ``stop_timeout`` is ended. The connection stays open meanwhile, so
+        the server hears of every checkpoint and exit before this agent goes."""
+        await self._stop.wait()
+        if self._ws is not None:
+            try:
+                await self._ws.send(AgentLeaving(reason=self._stop_reason).model_dump_json())
+            except Exception:  # the connection is going: the jobs stop all the same
+                pass
+        runs = [r for r in self.runs.values() if not r.done.is_set()]
+        if runs and self.stop_timeout <= 0:
+            await asyncio.gather(*(r.stop(self._stop_reason, 1.0) for r in runs), return_exceptions=True)
+        elif runs:
+            log.info("planned stop: %d job(s) checkpoint and stop (at most %.0f s)", len(runs), self.stop_timeout)
+            await asyncio.gather(*(r.stop_at_checkpoint(self._stop_reason, self.stop_timeout) for r in runs),
+                                 return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while self._ws is not None and len(self.outbox) and loop.time() < deadline:
+            self._wake.set()
+            await asyncio.sleep(0.05)
+
     async def shutdown(self) -> None:
         runs = list(self.runs.values())
         await asyncio.gather(*(r.stop("agent shutting down", 1.0) for r in runs), return_exceptions=True)
@@ -313,6 +344,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--threads-per-slot", type=int, default=1)
     p.add_argument("--orphan-timeout", type=float, default=None,
                    help="exit (stopping workers) after this many seconds without a server")
+    p.add_argument("--stop-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM, how long jobs have to checkpoint before they are ended (default 30)")
     p.add_argument("--store", default=None, metavar="URL",
                    help="checkpoint store shared by all nodes (fsspec URL: file://, s3://, gs://, az://); "
                         "without it, --checkpoint-root must be a folder every node sees")
@@ -331,5 +364,5 @@ def main(argv: Optional[list[str]] = None) -> None:
         raise SystemExit(f"singularityctl agent: {exc}") from None
     agent = Agent(args.server, token, args.name, discover(args.devices), home,
                   args.checkpoint_root or base / "checkpoints", args.threads_per_slot, args.orphan_timeout,
-                  args.store, args.address, args.ca)
+                  args.store, args.address, args.ca, args.stop_timeout)
     asyncio.run(agent.run())

@@ -280,10 +280,9 @@ class Spawner:
             self._sock.close()
             self._sock = None
         if self._proc is not None and self._proc.returncode is None:
-            try:
-                await asyncio.wait_for(self._proc.wait(), 5)
-            except asyncio.TimeoutError:
-                self._proc.kill()
+            # it holds nothing but imports (and may still be importing torch, deaf to the socket)
+            self._proc.kill()
+            await self._proc.wait()
 
 
 async def _reader(fd: int, limit: int) -> asyncio.StreamReader:

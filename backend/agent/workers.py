@@ -81,6 +81,8 @@ class JobRun:
         self.ranks: dict[int, RankProcess] = {}
         self.exit_codes: dict[int, int] = {}
         self.stopping: Optional[str] = None
+        #: why the ranks were asked to checkpoint and stop (a planned stop of this node)
+        self.planned_stop: Optional[str] = None
         self.done = asyncio.Event()
         self._waiters: list[asyncio.Task] = []
 
@@ -281,6 +283,8 @@ class JobRun:
             data["signal"] = signal.Signals(-code).name if -code in signal.valid_signals() else -code
         if self.stopping:
             data["stopped"] = self.stopping
+        elif self.planned_stop and code == EXIT_PREEMPTED:
+            data["planned_stop"] = self.planned_stop
         if error:
             data["error"] = error
             data["user_error"] = True  # the code raised: retrying would raise again
@@ -324,21 +328,34 @@ class JobRun:
                     pass
 
     async def stop(self, reason: str, grace_s: float) -> None:
-        """SIGTERM every rank's process group, SIGKILL what is left after ``grace_s``."""
+        """End every rank now, without a checkpoint: the ``exit`` request, then SIGKILL for what is
+        left after ``grace_s`` (a rank that is not reading its requests yet, its children).
+        SIGTERM is not used: to a worker it means "checkpoint and stop" (a preemption notice)."""
         self.stopping = self.stopping or reason
-        self._signal_all(signal.SIGTERM)
+        self.send_control({"op": "exit"})
         try:
             await asyncio.wait_for(self.done.wait(), grace_s)
         except asyncio.TimeoutError:
             self._signal_all(signal.SIGKILL)
             await self.done.wait()
+        self._signal_all(signal.SIGKILL, exited_too=True)  # DataLoader workers and other children
 
-    def _signal_all(self, sig: signal.Signals) -> None:
+    async def stop_at_checkpoint(self, reason: str, timeout_s: float) -> None:
+        """A planned stop: every rank checkpoints at its next safe point and exits, so the job
+        resumes where it stopped; what has not within ``timeout_s`` is ended by `stop`."""
+        self.planned_stop = reason
+        self.send_control({"op": "checkpoint", "then": "stop", "reason": reason, "timeout_s": timeout_s})
+        try:
+            await asyncio.wait_for(self.done.wait(), timeout_s + 2.0)
+        except asyncio.TimeoutError:
+            await self.stop(f"{reason} (no checkpoint within {timeout_s:g} s)", 1.0)
+
+    def _signal_all(self, sig: signal.Signals, exited_too: bool = False) -> None:
         for rp in self.ranks.values():
-            if rp.proc.returncode is None:
+            if rp.proc.returncode is None or exited_too:
                 try:
                     os.killpg(rp.pgid or rp.proc.pid, sig)
-                except ProcessLookupError:
+                except (ProcessLookupError, PermissionError):
                     pass
 
 

@@ -8,7 +8,6 @@ import logging
 import time
 from typing import Any, Callable, Optional
 
-from backend.contract import EXIT_PREEMPTED
 from singularity_sdk.protocol import (
     MAX_RESULT_BYTES,
     AgentEvent,
@@ -89,6 +88,15 @@ class AgentSide:
             if dropped:
                 self.dropped[link.node] = time.time()
             log.info("agent %s disconnected%s", link.node, " (connection dropped)" if dropped else "")
+
+    def agent_leaving(self, node: str, reason: str) -> None:
+        """A planned stop: nothing more is placed on ``node`` (DOWN; its next hello makes it ready
+        again unless an admin drained it). Its jobs checkpoint and stop on their own and are
+        queued again (lifecycle.on_rank_exit)."""
+        log.info("agent %s is leaving: %s", node, reason or "planned stop")
+        with self.store.tx():
+            if self.store.node_state(node) != NodeState.DRAINING:
+                self.store.set_node(node, state=NodeState.DOWN.value)
 
     def agent_heartbeat(self, node: str, hb: AgentHeartbeat) -> None:
         self.store.set_node(node, heartbeat_at=time.time())
@@ -220,7 +228,8 @@ class AgentSide:
         if type(rank) is not int or type(code) is not int or abs(code) > 255:
             raise ValueError(f"worker_exited needs an integer rank below {row['ranks']} and an exit code")
         t = lifecycle.on_rank_exit(JobRecord.from_row(row), rank, code, time.time(), self.retry_policy,
-                                   error=ae.data.get("error"), user_error=bool(ae.data.get("user_error")))
+                                   error=ae.data.get("error"), user_error=bool(ae.data.get("user_error")),
+                                   planned=ae.data.get("planned_stop"))
         self._apply(row["id"], t, emit, followups)
 
     def _apply(self, job_id: str, t: lifecycle.Transition, emit, followups: list[Callable[[], None]]) -> None:

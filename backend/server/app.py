@@ -25,6 +25,7 @@ from singularity_sdk.protocol import (
     Ack,
     AgentEvents,
     AgentHeartbeat,
+    AgentLeaving,
     AgentHello,
     CreateUserRequest,
     QuotaRequest,
@@ -404,6 +405,8 @@ class AgentSocket(AuthedSocket):
             self.send(Ack(agent_seq=acked))
         elif isinstance(msg, AgentHeartbeat):
             self.service.agent_heartbeat(self.node, msg)
+        elif isinstance(msg, AgentLeaving):
+            self.service.agent_leaving(self.node, msg.reason)
 
     def reject(self, agent_seq: int, why: str) -> None:
         """Tell the agent one of its events was skipped (it is acked all the same)."""

@@ -96,10 +96,12 @@ class RetryPolicy:
 
 
 def on_rank_exit(job: JobRecord, rank: int, code: int, now: float, retry: RetryPolicy, *,
-                 error: Optional[str] = None, user_error: bool = False) -> Transition:
+                 error: Optional[str] = None, user_error: bool = False, planned: Optional[str] = None) -> Transition:
     """One rank of a job that holds devices exited with ``code``. The first failure decides the
     job's fate (its code raised: FAILED; its process died: retried) and stops the other ranks;
-    once every rank is down the job settles by why it stopped."""
+    once every rank is down the job settles by why it stopped. Ranks that stopped at a
+    checkpoint nobody here asked for (their node's planned stop, named by ``planned``, or a
+    SIGTERM from outside) are queued again: the job resumes where it stopped."""
     if not 0 <= rank < job.ranks:
         raise ValueError(f"worker_exited needs an integer rank below {job.ranks} and an exit code")
     exited = {**job.exited, rank: code}
@@ -129,6 +131,12 @@ def on_rank_exit(job: JobRecord, rank: int, code: int, now: float, retry: RetryP
         _settle(t, JobState.QUEUED if job.stop_detail.get("requeue") else JobState.PREEMPTED, now,
                 EventType.PREEMPTED, {**job.stop_detail, "step": ckpt.get("step"), "bytes": ckpt.get("bytes"),
                                       "checkpoint": ckpt.get("path")})
+    elif stop is None and at_checkpoint:
+        ckpt = job.last_checkpoint
+        _settle(t, JobState.QUEUED, now, EventType.PREEMPTED, {
+            "reason": planned or "the job was asked to stop (SIGTERM) and stopped at a checkpoint",
+            "by": "node", "requeue": True, "step": ckpt.get("step"), "bytes": ckpt.get("bytes"),
+            "checkpoint": ckpt.get("path")})
     elif stop == Stop.MIGRATE and at_checkpoint:
         t.then.append(FollowUp("migrate_onwards", detail=job.stop_detail))
     elif stop == Stop.RESIZE and at_checkpoint:

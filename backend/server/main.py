@@ -22,7 +22,7 @@ import tornado.httpserver
 import tornado.netutil
 
 from singularity_sdk.config import default_home
-from singularity_sdk.protocol import Shutdown
+from singularity_sdk.protocol import NodeState, Shutdown
 
 from backend.agent.credential import CREDENTIAL_FILE
 from backend.agent.credential import save as save_credential
@@ -88,7 +88,7 @@ def _alive_agent(pid_file: Path) -> Optional[int]:
 
 
 def start_local_agents(home: Path, url: str, db: Store, nodes: int, devices: Optional[int],
-                       store: Optional[str] = None, ca: Optional[str] = None) -> list[int]:
+                       store: Optional[str] = None, ca: Optional[str] = None, stop_timeout: float = 30.0) -> list[int]:
     """Start (or adopt, after a restart) one agent process per local node.
 
     Without a store they share ``home/checkpoints``; with one, each keeps its own cache, as
@@ -104,7 +104,8 @@ def start_local_agents(home: Path, url: str, db: Store, nodes: int, devices: Opt
         if pid is None:
             ckpt_root = agents_dir / name / "checkpoint-cache" if store else home / "checkpoints"
             cmd = [sys.executable, "-m", "backend.agent", "--server", url, "--name", name,
-                   "--home", str(agents_dir / name), "--checkpoint-root", str(ckpt_root), "--orphan-timeout", "60"]
+                   "--home", str(agents_dir / name), "--checkpoint-root", str(ckpt_root), "--orphan-timeout", "60",
+                   "--stop-timeout", f"{stop_timeout:g}"]
             if store:
                 cmd += ["--store", store]
             if ca:
@@ -151,7 +152,7 @@ def stop_local_agents(home: Path, pids: list[int], timeout: float = 10.0) -> Non
 async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int = 0,
                 devices_per_node: Optional[int] = None, config: ServiceConfig = ServiceConfig(),
                 store_url: Optional[str] = None, tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
-                ca: Optional[str] = None, ray_address: Optional[str] = None) -> None:
+                ca: Optional[str] = None, ray_address: Optional[str] = None, stop_timeout: float = 30.0) -> None:
     # The service's own files (state.db, logs, checkpoints) are the owner's only; jobs get the
     # umask serve was started with (backend/agent/sandbox.py).
     os.environ.setdefault(JOB_UMASK_ENV, f"{os.umask(0o077):03o}")
@@ -179,7 +180,7 @@ async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int =
     })
     log.info("serving on %s (home %s)", url, home)
     agent_pids = start_local_agents(home, url, store, nodes, devices_per_node, store_url,
-                                    str(Path(ca).resolve()) if ca else None) if nodes else []
+                                    str(Path(ca).resolve()) if ca else None, stop_timeout) if nodes else []
     ray_placer, ray_task = None, None
     if ray_address:  # Ray is imported only on this path (an optional extra)
         from backend.ray_cluster.loop import keep_agents
@@ -208,20 +209,30 @@ async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int =
     watcher = asyncio.create_task(watch_nodes())
     service.schedule_now()
     await stop.wait()
-    log.info("shutting down")
-    watcher.cancel()
+    log.info("shutting down: jobs checkpoint and stop (at most %.0f s), to resume when the service is back",
+             stop_timeout)
+    with store.tx():  # nothing more is placed: the nodes' next hellos make them ready again
+        for n in store.nodes():
+            if n.state == NodeState.READY:
+                store.set_node(n.name, state=NodeState.DOWN.value)
     for link in list(service.links.values()):
         try:
             link.send(Shutdown(reason="server stopping"))
         except Exception:
             pass
+    # A planned stop: the agents checkpoint their jobs, which go back to the queue; the server
+    # keeps answering until they have said so and left (or the bound passes).
+    deadline = time.monotonic() + stop_timeout + 10.0
+    while service.links and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    watcher.cancel()
     server.stop()
     await asyncio.sleep(0.1)
     if ray_placer is not None:
         ray_task.cancel()
         await asyncio.to_thread(ray_placer.close)
     if agent_pids:
-        await asyncio.to_thread(stop_local_agents, home, agent_pids)
+        await asyncio.to_thread(stop_local_agents, home, agent_pids, stop_timeout + 10.0)
     (home / "server.json").unlink(missing_ok=True)
     store.close()
 
@@ -239,7 +250,8 @@ def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node
         min_move_interval: float = ServiceConfig.min_move_interval_s,
         move_cost: float = ServiceConfig.move_cost_s,
         checkpoint_timeout: float = ServiceConfig.checkpoint_timeout_s, tls_cert: Optional[str] = None,
-        tls_key: Optional[str] = None, ca: Optional[str] = None, ray_address: Optional[str] = None) -> None:
+        tls_key: Optional[str] = None, ca: Optional[str] = None, ray_address: Optional[str] = None,
+        stop_timeout: float = 30.0) -> None:
     home = Path(home) if home else default_home()
     if checkpoint_every is None:  # not given: the cluster default; 0 turns periodic checkpoints off
         checkpoint_every = ServiceConfig.checkpoint_every
@@ -250,4 +262,5 @@ def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node
     config = ServiceConfig(checkpoint_every=checkpoint_every, node_timeout_s=node_timeout, policy=policy,
                            min_move_interval_s=min_move_interval, move_cost_s=move_cost,
                            checkpoint_timeout_s=checkpoint_timeout)
-    asyncio.run(serve(home, host, port, nodes, devices_per_node, config, store, tls_cert, tls_key, ca, ray_address))
+    asyncio.run(serve(home, host, port, nodes, devices_per_node, config, store, tls_cert, tls_key, ca, ray_address,
+                      stop_timeout))

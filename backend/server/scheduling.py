@@ -127,10 +127,10 @@ class Scheduling:
         master_addr = next((n.address for n in self.store.nodes() if n.name == per_rank[0][0][0] and n.address),
                            "127.0.0.1")
         master_port = _free_port()
-        # The cluster's default period applies to jobs on one node: the ranks of a job spread over
-        # nodes without a shared checkpoint folder cannot commit one (docs/distributed.md), and a
-        # periodic attempt would stall them; such a job gets periodic checkpoints only if it asks.
-        every = row["checkpoint_every"] or (self.config.checkpoint_every if len(rank_specs) == 1 else None)
+        # The cluster's default period applies to every job: the parts of one spread over nodes
+        # meet through the store or a shared folder, and where neither exists each checkpoint
+        # fails at once, saying so, while the job runs on (docs/distributed.md).
+        every = row["checkpoint_every"] or self.config.checkpoint_every
         for node, specs in rank_specs.items():
             msg = StartJob(
                 job_id=job_id, attempt=attempt, world_size=world, local_world_size=len(specs), ranks=specs,

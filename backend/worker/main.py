@@ -96,7 +96,8 @@ def load_program(spec: WorkerSpec, filename: str = ""):
 
 
 def listen_for_requests(controller) -> None:
-    """The agent's requests arrive as JSON lines on stdin (``{"op": "checkpoint", "then": ...}``).
+    """The agent's requests arrive as JSON lines on stdin: ``{"op": "checkpoint", "then": ...}``,
+    and ``{"op": "exit"}`` (cancel, or the job failed elsewhere: end now, no checkpoint).
 
     They are read from a private duplicate of the descriptor with ``os.read``, and the job's own
     stdin becomes /dev/null: a thread blocked inside ``sys.stdin`` holds its lock, and a process
@@ -124,8 +125,32 @@ def listen_for_requests(controller) -> None:
                     timeout = msg.get("timeout_s")
                     controller.request_checkpoint(msg.get("then", "continue"), msg.get("reason", ""),
                                                   float(timeout) if timeout else None)
+                elif msg.get("op") == "exit":
+                    _flush_and_exit(contract.EXIT_STOPPED)
 
     threading.Thread(target=loop, name="singularity-control", daemon=True).start()
+
+
+def _flush_and_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def stop_on_sigterm(controller) -> None:
+    """SIGTERM (a preemption notice from Slurm or Kubernetes, or a person's ``kill``) takes a
+    checkpoint at the next safe point and exits EXIT_PREEMPTED, so the job resumes where it
+    stopped; a second SIGTERM ends the process at once. The agent's own stops use the ``exit``
+    request instead. A program that installs its own SIGTERM handler replaces this one."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        controller.request_checkpoint("stop", "SIGTERM: the job was asked to stop (a preemption notice)")
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def load_inputs(inputs_b64: Optional[str], namespace: dict[str, Any]) -> None:
@@ -238,6 +263,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
             on_event("interruptible", report(program))
         listen_for_requests(controller)
+        stop_on_sigterm(controller)
         value = program.run(namespace, controller, restore)
     except Preempted:
         # The checkpoint is committed and fsynced; tearing down the interpreter (torch's

@@ -49,7 +49,7 @@ def kinds(t) -> list[str]:
 # What a one-rank job becomes, by why it was stopping and how its rank exited.
 EXPECTED = {
     (None, "finished"): JobState.SUCCEEDED,
-    (None, "at_checkpoint"): JobState.SUCCEEDED,  # a checkpoint it took itself; nothing asked it to stop
+    (None, "at_checkpoint"): JobState.QUEUED,  # its node's planned stop, or a SIGTERM: resumes later
     (None, "raised"): JobState.FAILED,
     (None, "killed"): JobState.QUEUED,  # retried
     (Stop.CANCEL, "finished"): JobState.CANCELLED,
@@ -91,7 +91,7 @@ def test_a_one_rank_job_settles_by_why_it_stopped(stop, kind):
     assert kinds(t)[-1] == "schedule", "devices were freed: the scheduler runs"
     if t.state is not None and t.state.is_terminal:
         assert t.updates["ended_at"] == NOW
-    if t.state == JobState.QUEUED:
+    if t.state == JobState.QUEUED and (stop, kind) != (None, "at_checkpoint"):
         assert t.updates["retries"] == 1 and t.updates["not_before"] == NOW + 1.0
         assert [e for e, _ in t.events] == [EventType.RETRYING] and "wake_at" in kinds(t)
     if t.state == JobState.FAILED and stop is None:
@@ -129,6 +129,14 @@ def test_a_two_rank_preemption_needs_a_checkpoint_from_some_rank(codes):
     t = on_rank_exit(record, 1, codes[1], NOW, RETRY)
     expected = JobState.PREEMPTED if EXIT_PREEMPTED in codes else JobState.SUCCEEDED
     assert t.state == expected
+
+
+def test_a_stop_nobody_here_asked_for_queues_the_job_again():
+    t = on_rank_exit(job(), 0, EXIT_PREEMPTED, NOW, RETRY, planned="the node agent is stopping")
+    assert t.state == JobState.QUEUED and "ended_at" not in t.updates
+    assert t.events == [(EventType.PREEMPTED, {"reason": "the node agent is stopping", "by": "node", "requeue": True,
+                                               "step": 7, "bytes": 123, "checkpoint": "/ckpt/ckpt-7"})]
+    assert "SIGTERM" in exit_once(job(), "at_checkpoint").events[0][1]["reason"]
 
 
 def test_requeue_preemptions_go_back_to_the_queue():
