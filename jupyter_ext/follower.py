@@ -4,22 +4,20 @@ One follower per job feeds everything that shows the job: the widget (updated fr
 which ipywidgets allows) and, while a cell waits in the foreground, a queue the cell's main
 thread drains to print the job's output (so Ctrl-C lands in the main thread, where it belongs).
 Events arrive in small batches so a chatty job causes one redraw per batch, not per line.
-The thread reconnects after a dropped connection (server restart) from the last event it saw,
-and ends when the job ends, when ``stop()`` is called, or when the server says the job is gone.
+The SDK's ``Job.follow`` reconnects after a dropped connection (server restart) from the last
+event seen; the thread ends when the job ends, when ``stop()`` is called, or when the server
+says the job is gone.
 """
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
-import time
+from contextlib import closing
 from typing import Callable, Optional
 
-from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import connect as ws_connect
-
-from singularity_sdk import Client
+from singularity_sdk import Client, Job
+from singularity_sdk.errors import APIError, ServerUnreachable
 from singularity_sdk.protocol import Event
 
 from .view import TERMINAL
@@ -52,7 +50,6 @@ class EventFollower:
         self._queues: list[queue.Queue] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._ws = None
         self._thread = threading.Thread(target=self._run, name=f"singularity-follow-{job_id}", daemon=True)
 
     # ------------------------------------------------------------------ wiring
@@ -90,14 +87,8 @@ class EventFollower:
         return self
 
     def stop(self) -> None:
-        """Stop soon: closing the socket wakes a thread blocked waiting for events."""
+        """Stop within ``tick_s`` (the thread looks between batches)."""
         self._stop.set()
-        ws = self._ws
-        if ws is not None:
-            try:
-                ws.close()
-            except Exception:
-                pass
 
     def join(self, timeout: Optional[float] = None) -> None:
         self._thread.join(timeout)
@@ -108,29 +99,24 @@ class EventFollower:
 
     # ------------------------------------------------------------------ thread
     def _run(self) -> None:
-        backoff = 0.2
         try:
-            while not self._stop.is_set() and not self.finished:
-                url = self.client.ws_url(f"/jobs/{self.job_id}/events/ws?since={self.last_seq}")
-                try:
-                    with ws_connect(url, additional_headers=self.client.headers, max_size=None, **self.client.ws_kwargs,
-                                    open_timeout=10, close_timeout=1) as ws:
-                        backoff = 0.2
-                        self._ws = ws
-                        self._pump(ws)
-                except InvalidStatus as exc:
-                    status = exc.response.status_code
-                    if status in (401, 403, 404):
-                        self.error = _handshake_error(exc)
+            job = self._job()
+            if job is None:
+                return
+            with closing(job.follow(self.last_seq, tick_s=self.tick_s, batch_s=self.batch_s)) as batches:
+                for batch in batches:
+                    if self._stop.is_set():
                         return
-                    log.debug("follower %s: handshake %s, retrying", self.job_id, status)
-                except (OSError, ConnectionClosed, TimeoutError) as exc:
-                    log.debug("follower %s: %s, reconnecting", self.job_id, exc)
-                finally:
-                    self._ws = None
-                if not self.finished:
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    if not batch:
+                        for fn in list(self._tickers):
+                            _safely(fn)
+                        continue
+                    self.last_seq = batch[-1].seq
+                    self._deliver(batch)
+                    if any(ev.type in TERMINAL for ev in batch):
+                        self.finished = True
+        except APIError as exc:  # the server refused the job (unknown, or not this user's)
+            self.error = exc.message
         except Exception as exc:  # never die silently: the widget shows this
             log.exception("follower %s crashed", self.job_id)
             self.error = f"stopped following: {type(exc).__name__}: {exc}"
@@ -142,46 +128,17 @@ class EventFollower:
             for fn in done:
                 _safely(fn, self.error)
 
-    def _pump(self, ws) -> None:
-        while not self._stop.is_set():
-            batch = self._read_batch(ws)
-            if batch:
-                self._deliver(batch)
-                if any(ev.type in TERMINAL for ev in batch):
-                    self.finished = True
-                    return
-            else:
-                for fn in list(self._tickers):
-                    _safely(fn)
-
-    def _read_batch(self, ws) -> list[Event]:
-        """Wait up to ``tick_s`` for one event, then gather what follows within ``batch_s``."""
-        batch: list[Event] = []
-        try:
-            raw = ws.recv(timeout=self.tick_s)
-        except TimeoutError:
-            return batch
-        self._add(raw, batch)
-        deadline = time.monotonic() + self.batch_s
-        while len(batch) < 500:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
+    def _job(self) -> Optional[Job]:
+        """The job's handle; while the server is unreachable (restarting), keep asking (None:
+        stopped meanwhile)."""
+        backoff = 0.2
+        while True:
             try:
-                raw = ws.recv(timeout=left)
-            except TimeoutError:
-                break
-            if self._add(raw, batch) and batch[-1].type in TERMINAL:
-                break
-        return batch
-
-    def _add(self, raw: str | bytes, batch: list[Event]) -> bool:
-        ev = Event.model_validate(json.loads(raw))
-        if ev.seq <= self.last_seq:
-            return False
-        self.last_seq = ev.seq
-        batch.append(ev)
-        return True
+                return self.client.get(self.job_id)
+            except ServerUnreachable:
+                if self._stop.wait(backoff):
+                    return None
+                backoff = min(backoff * 2, 5.0)
 
     def _deliver(self, batch: list[Event]) -> None:
         with self._lock:
@@ -197,11 +154,3 @@ def _safely(fn: Callable, *args) -> None:
         fn(*args)
     except Exception:
         log.exception("a singularity display update failed")
-
-
-def _handshake_error(exc: InvalidStatus) -> str:
-    try:
-        body = json.loads(exc.response.body or b"{}")
-        return str(body.get("error") or exc)
-    except ValueError:
-        return str(exc)

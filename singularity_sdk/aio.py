@@ -9,13 +9,31 @@ from typing import Any, AsyncIterator, Optional, Union
 
 import httpx
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase, checkpoint_bound, control_done
 from . import metrics
 from .errors import WaitTimeout
 from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
 
+
+
+async def _read_batch(ws: Any, tick_s: float, batch_s: float) -> list[Event]:
+    """Wait up to ``tick_s`` for one event, then gather what follows within ``batch_s``."""
+    try:
+        batch = [Event.model_validate(json.loads(await asyncio.wait_for(ws.recv(), tick_s)))]
+    except (asyncio.TimeoutError, TimeoutError):
+        return []
+    deadline = time.monotonic() + batch_s
+    while len(batch) < 500 and batch[-1].type not in TERMINAL_EVENTS:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            batch.append(Event.model_validate(json.loads(await asyncio.wait_for(ws.recv(), left))))
+        except (asyncio.TimeoutError, TimeoutError):
+            break
+    return batch
 
 class AsyncJob(JobBase):
     _client: "AsyncClient"
@@ -62,6 +80,37 @@ class AsyncJob(JobBase):
                         return
         except (OSError, ConnectionClosed) as exc:
             raise self._client.unreachable(exc) from None
+
+    async def follow(self, since: int = 0, *, tick_s: float = 1.0,
+                     batch_s: float = 0.05) -> AsyncIterator[list[Event]]:
+        """The job's new events, in batches, until it ends, across dropped connections (see
+        ``Job.follow``): ``[]`` when nothing came for ``tick_s``."""
+        last, backoff = since, 0.2
+        while True:
+            url = self._client.ws_url(f"/jobs/{self.id}/events/ws?since={last}")
+            try:
+                async with ws_connect(url, additional_headers=self._client.headers, max_size=None,
+                                      **self._client.ws_kwargs, open_timeout=10, close_timeout=1) as ws:
+                    backoff = 0.2
+                    while True:
+                        batch = [ev for ev in await _read_batch(ws, tick_s, batch_s) if ev.seq > last]
+                        if batch:
+                            last = batch[-1].seq
+                        yield batch
+                        if any(ev.type in TERMINAL_EVENTS for ev in batch):
+                            return
+            except InvalidStatus as exc:
+                if exc.response.status_code in (401, 403, 404):
+                    self._client.check(httpx.Response(exc.response.status_code, content=exc.response.body or b"",
+                                                      headers={"content-type": "application/json"}))
+            except (OSError, ConnectionClosed, TimeoutError):
+                pass
+            waited = 0.0
+            while waited < backoff:
+                yield []
+                await asyncio.sleep(min(tick_s, backoff - waited))
+                waited += tick_s
+            backoff = min(backoff * 2, 5.0)
 
     async def metrics(self, *, rank: Optional[int] = 0, printed: bool = True, as_frame: bool = False) -> Any:
         """The job's training curve so far: one dict per report (``step``, ``time``, ``rank``,

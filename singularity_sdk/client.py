@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 import httpx
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase, checkpoint_bound, control_done
@@ -15,6 +15,24 @@ from . import metrics
 from .errors import WaitTimeout
 from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
 
+
+
+def _read_batch(ws: Any, tick_s: float, batch_s: float) -> list[Event]:
+    """Wait up to ``tick_s`` for one event, then gather what follows within ``batch_s``."""
+    try:
+        batch = [Event.model_validate(json.loads(ws.recv(timeout=tick_s)))]
+    except TimeoutError:
+        return []
+    deadline = time.monotonic() + batch_s
+    while len(batch) < 500 and batch[-1].type not in TERMINAL_EVENTS:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            batch.append(Event.model_validate(json.loads(ws.recv(timeout=left))))
+        except TimeoutError:
+            break
+    return batch
 
 class Job(JobBase):
     _client: "Client"
@@ -71,6 +89,40 @@ class Job(JobBase):
                         return
         except (OSError, ConnectionClosed) as exc:
             raise self._client.unreachable(exc) from None
+
+    def follow(self, since: int = 0, *, tick_s: float = 1.0, batch_s: float = 0.05) -> Iterator[list[Event]]:
+        """The job's new events, in batches, until it ends, across dropped connections (a server
+        restart, a network blip): each reconnect asks for the events after the last one seen,
+        so none is missed or repeated. Yields ``[]`` when nothing came for ``tick_s`` (a chance
+        to update a clock, or to stop by leaving the loop); what follows an event within
+        ``batch_s`` comes with it, so a chatty job means one redraw per batch, not per line.
+        Raises JobNotFound or AuthError when the server refuses the job."""
+        last, backoff = since, 0.2
+        while True:
+            url = self._client.ws_url(f"/jobs/{self.id}/events/ws?since={last}")
+            try:
+                with ws_connect(url, additional_headers=self._client.headers, max_size=None, **self._client.ws_kwargs,
+                                open_timeout=10, close_timeout=1) as ws:
+                    backoff = 0.2
+                    while True:
+                        batch = [ev for ev in _read_batch(ws, tick_s, batch_s) if ev.seq > last]
+                        if batch:
+                            last = batch[-1].seq
+                        yield batch
+                        if any(ev.type in TERMINAL_EVENTS for ev in batch):
+                            return
+            except InvalidStatus as exc:
+                if exc.response.status_code in (401, 403, 404):
+                    self._client.check(httpx.Response(exc.response.status_code, content=exc.response.body or b"",
+                                                      headers={"content-type": "application/json"}))
+            except (OSError, ConnectionClosed, TimeoutError):
+                pass
+            waited = 0.0
+            while waited < backoff:  # reconnect after a pause, ticking meanwhile
+                yield []
+                time.sleep(min(tick_s, backoff - waited))
+                waited += tick_s
+            backoff = min(backoff * 2, 5.0)
 
     def metrics(self, *, rank: Optional[int] = 0, printed: bool = True, as_frame: bool = False) -> Any:
         """The job's training curve so far: one dict per report (``step``, ``time``, ``rank``,

@@ -188,3 +188,19 @@ def test_unpicklable_input_is_named(client):
 
     with pytest.raises(InvalidRequest, match="lock"):
         client.submit("1", inputs={"lock": threading.Lock(), "ok": 1})
+
+
+def test_async_follow_gives_every_event_once_in_batches_and_ends_with_the_job(cluster):
+    from singularity_sdk import AsyncClient
+
+    async def follow() -> list:
+        async with AsyncClient(cluster.url, cluster.token) as aclient:
+            job = await aclient.submit("import time\nfor i in range(30):\n    print('line', i)\n    time.sleep(0.02)\n7")
+            seen = []
+            async for batch in job.follow(tick_s=0.1):
+                seen.extend(batch)
+            return seen
+
+    seen = asyncio.run(follow())
+    assert [e.seq for e in seen] == list(range(1, len(seen) + 1)) and seen[-1].type == EventType.SUCCEEDED
+    assert [e.data["line"] for e in seen if e.type == EventType.LOG] == [f"line {i}\n" for i in range(30)]

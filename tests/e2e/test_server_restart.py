@@ -44,3 +44,33 @@ def test_restart_keeps_tokens_and_history(fresh_cluster):
     assert cluster.token == token
     with cluster.client() as client:
         assert client.get(done.id).result() == "kept"
+
+
+def test_job_follow_carries_on_across_a_server_restart(fresh_cluster):
+    """``Job.follow`` reconnects from the last event it saw: every event once, in order."""
+    import threading
+
+    cluster = fresh_cluster
+    client = cluster.client()
+    job = client.submit("import time\nfor i in range(40):\n    print('tick', i, flush=True)\n    time.sleep(0.05)\n'done'")
+    seen: list = []
+    first_line = threading.Event()
+
+    def follow() -> None:
+        for batch in job.follow(tick_s=0.2):
+            seen.extend(batch)
+            if any(e.type == EventType.LOG for e in batch):
+                first_line.set()
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    assert first_line.wait(60)
+    cluster.kill_server()
+    time.sleep(1.0)
+    cluster.restart_server()
+    follower.join(90)
+    assert not follower.is_alive(), "follow() ends with the job"
+    assert [e.seq for e in seen] == list(range(1, len(seen) + 1)), "each event once, in order"
+    assert seen[-1].type == EventType.SUCCEEDED
+    assert [e.data["line"] for e in seen if e.type == EventType.LOG] == [f"tick {i}\n" for i in range(40)]
+    client.close()
