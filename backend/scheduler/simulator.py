@@ -42,6 +42,7 @@ POLICIES = ("singularity", "fifo", "fifo-backfill", "tiresias", "srtf")
 
 _DONE, _STALL_END, _WAKE = 0, 1, 2
 _new_view = object.__new__
+_set_dict = object.__setattr__
 #: wake-ups for anti-thrash expiry are rounded up to this grid so that many moves share a round
 _WAKE_GRID_S = 60.0
 
@@ -56,7 +57,7 @@ class SimJob:
     __slots__ = (
         "id", "user", "sla", "gpus", "submit", "duration", "state", "placement", "held", "rem",
         "t_ref", "stall_until", "attained", "overhead_ds", "start", "finish", "last_moved_at",
-        "last_checkpoint_at", "version", "view", "ran",
+        "last_checkpoint_at", "version", "view", "ran", "fields",
     )
 
     def __init__(self, tj: TraceJob):
@@ -81,6 +82,8 @@ class SimJob:
         self.last_checkpoint_at: Optional[float] = None
         self.version = 0
         self.view: Optional[JobView] = None
+        #: the view's fields but service, until the job changes (None: to be rebuilt)
+        self.fields: Optional[dict] = None
 
     def progress_to(self, t: float) -> tuple[float, float, float]:
         """(remaining work, attained, overhead) at time ``t`` without changing anything."""
@@ -272,7 +275,7 @@ class Simulator:
         if kind == _STALL_END:
             if job.state in (JobState.RESIZING, JobState.MIGRATING):
                 job.state = JobState.RUNNING
-                job.view = None
+                job.view = job.fields = None
             return
         job.materialize(t)
         if job.rem > 1e-6 * max(1.0, job.duration):
@@ -302,23 +305,37 @@ class Simulator:
 
     def _job_view(self, j: SimJob) -> JobView:
         # built without the frozen dataclass' __init__ (one object.__setattr__ per field): the
-        # views of running jobs are rebuilt every round, and that was a fifth of a week's time
+        # views of running jobs are rebuilt every round, and that was a fifth of a week's time.
+        # Between two changes of the job only its service moves, so the other fields are kept
+        # in ``j.fields`` and copied
+        fields = j.fields
+        if fields is None:
+            fields = j.fields = dict(
+                id=j.id,
+                user=j.user,
+                sla=j.sla,
+                state=j.state,
+                gpus=j.gpus,
+                submitted_at=j.submit,
+                placement=j.placement,
+                last_checkpoint_at=j.last_checkpoint_at,
+                last_moved_at=j.last_moved_at,
+                elastic=True,
+                attained_s=j.attained,
+                ran_s=j.ran,
+                nodes=None,
+            )
+        d = fields.copy()
+        now = self.now
+        if j.held and now > j.t_ref:  # as progress_to and ran_to
+            dt = now - j.t_ref
+            d["attained_s"] = j.attained + j.held * dt
+            d["ran_s"] = j.ran + dt
+        else:
+            d["attained_s"] = j.attained
+            d["ran_s"] = j.ran
         v = _new_view(JobView)
-        v.__dict__.update(
-            id=j.id,
-            user=j.user,
-            sla=j.sla,
-            state=j.state,
-            gpus=j.gpus,
-            submitted_at=j.submit,
-            placement=j.placement,
-            last_checkpoint_at=j.last_checkpoint_at,
-            last_moved_at=j.last_moved_at,
-            elastic=True,
-            attained_s=j.progress_to(self.now)[1],
-            ran_s=j.ran_to(self.now),
-            nodes=None,
-        )
+        _set_dict(v, "__dict__", d)
         j.view = v
         return v
 
@@ -371,7 +388,7 @@ class Simulator:
             job.last_checkpoint_at = t
             self.counts["preempt"] += 1
             job.version += 1
-            job.view = None
+            job.view = job.fields = None
             self._wake(t)
         elif isinstance(a, (Resize, Migrate)):
             if job.state != JobState.RUNNING:
@@ -404,7 +421,7 @@ class Simulator:
 
     def _changed(self, job: SimJob) -> None:
         job.version += 1
-        job.view = None
+        job.view = job.fields = None
         if job.stall_until > self.now:
             self._push(job.stall_until, _STALL_END, job.id, job.version)
         self._push(job.done_at(), _DONE, job.id, job.version)

@@ -191,3 +191,34 @@ def test_occupancy_follows_the_devices_each_tier_holds():
     jobs = [job(0, 0.0, 100.0, gpus=2, sla=P), job(1, 0.0, 300.0, gpus=4, sla=B), job(2, 50.0, 100.0, gpus=1, sla=S)]
     _, _, sim = run(jobs, "fifo", gpus=8)
     assert sim.occupancy == [(0.0, 2, 0, 4), (50.0, 2, 1, 4), (100.0, 0, 1, 4), (150.0, 0, 0, 4), (300.0, 0, 0, 0)]
+
+
+def test_a_round_decides_the_same_in_every_process():
+    """String hashing differs from one process to the next (PYTHONHASHSEED): no choice of the
+    policy may depend on it, or the same simulation prints different figures each time. Here a
+    job spread over eight nodes is preempted; which node then counts as the best fit for a
+    whole-node job must not depend on the order a set of node names happens to iterate in."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from backend.scheduler.round_state import RoundState;"
+        "from backend.scheduler.tiers import PolicyConfig;"
+        "from sched_helpers import B, running, snapshot;"
+        "names = [f'node-{c}' for c in 'qwertyui'];"
+        "j = running('wide', B, 8, {n: (0,) for n in names}, submitted_at=0.0);"
+        "st = RoundState(snapshot(100.0, {n: 8 for n in names}, [j]), PolicyConfig());"
+        "st.preempt(st.jobs['wide'], 'test');"
+        "print(st.free.best_fit(8), list(st.free.buckets[8]))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    outs = set()
+    for seed in ("1", "2", "3", "4"):
+        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=os.pathsep.join([str(root), str(root / "tests" / "scheduler")]))
+        res = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert res.returncode == 0, res.stderr
+        outs.add(res.stdout)
+    assert len(outs) == 1, outs
+    assert outs.pop().startswith("node-q ")  # the placement's own order
