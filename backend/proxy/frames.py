@@ -11,6 +11,7 @@ next usable one, which at the latest is the first safe point after that call ret
 """
 from __future__ import annotations
 
+import functools
 import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Union
@@ -33,6 +34,9 @@ class UserFrame:
 
 def function_of(fn: Any) -> tuple[Optional[types.FunctionType], tuple]:
     """The Python function a call of ``fn`` runs first, and the arguments a method binds."""
+    if isinstance(fn, functools.partial):  # a C-level call: no frame of its own stands in between
+        func, bound = function_of(fn.func)
+        return func, bound + tuple(fn.args)
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         return fn.__func__, (fn.__self__,)
     if isinstance(fn, types.FunctionType):

@@ -11,7 +11,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import context, training_state
+from . import context, libraries, training_state
 from .errors import CheckpointError
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
@@ -74,6 +74,7 @@ class ResumableProgram:
         self._root_code = code if kind == "source" else next(
             (c for c in (code.co_consts if code is not None else ()) if isinstance(c, types.CodeType)), None)
         self._fids: dict[types.CodeType, Optional[int]] = {}
+        self._merged: tuple = (-1, {}, {}, {})  # registry version, nodes, defs, call spans
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -154,9 +155,23 @@ class ResumableProgram:
         return fdef, ""
 
     # ------------------------------------------------------------------ facts used by the runtime
+    def _tables(self) -> tuple:
+        """The program's nodes, functions and call spans, plus those of rewritten library modules."""
+        version = libraries.REGISTRY.version
+        if self._merged[0] != version:
+            own = self._rewritten
+            reg = libraries.REGISTRY
+            self._merged = (version, {**(own.nodes if own else {}), **reg.nodes},
+                            {**(own.defs if own else {}), **reg.defs},
+                            {**(own.call_spans if own else {}), **reg.call_spans})
+            self._fids.clear()
+        return self._merged
+
     @property
     def nodes(self) -> dict:
-        return self._rewritten.nodes if self._rewritten else {}
+        if not libraries.REGISTRY.version:
+            return self._rewritten.nodes if self._rewritten else {}
+        return self._tables()[1]
 
     @property
     def statements(self) -> list:
@@ -172,11 +187,15 @@ class ResumableProgram:
 
     @property
     def defs(self) -> dict:
-        return self._rewritten.defs if self._rewritten else {}
+        if not libraries.REGISTRY.version:
+            return self._rewritten.defs if self._rewritten else {}
+        return self._tables()[2]
 
     @property
     def call_spans(self) -> dict:
-        return self._rewritten.call_spans if self._rewritten else {}
+        if not libraries.REGISTRY.version:
+            return self._rewritten.call_spans if self._rewritten else {}
+        return self._tables()[3]
 
     def fid_of(self, code: types.CodeType) -> Optional[int]:
         """The function id of a frame's code: 0 for the top level, that of a rewritten function of
@@ -210,6 +229,7 @@ class ResumableProgram:
         """
         namespace.setdefault("__name__", "__main__")
         install_dormant()
+        libraries.install()  # before the checkpoint loads: it may import a library trainer
         training_state.install()  # DataLoader iterators made from now on can be checkpointed
         rt = Runtime(self, namespace, controller)
         if self.kind == "callable":
@@ -231,11 +251,13 @@ class ResumableProgram:
             warnings.warn(f"{self.fn!r} runs without safe points: {self.fallback_reason}", RuntimeWarning,
                           stacklevel=2)
         controller._attach(rt)
+        libraries.bind(rt)
         try:
             if self.kind == "source":
                 return self._run_source(rt, namespace, graph)
             return self._run_callable(rt, namespace, globals_, graph)
         finally:
+            libraries.bind(None)
             controller._detach()
 
     def _run_source(self, rt: Runtime, namespace: dict, graph: Optional[dict]) -> Any:

@@ -184,8 +184,10 @@ def _prologue(fid: int, local_names: list[str], params: set[str]) -> list[ast.st
 
 # --------------------------------------------------------------------------- the rewriter
 class _Rewriter:
-    def __init__(self, unstable: set[str], library: Optional[set[str]] = None) -> None:
+    def __init__(self, unstable: set[str], library: Optional[set[str]] = None, base: int = 0) -> None:
         self.unstable = unstable
+        #: first node id and function id (a library module's ids lie in a range of their own)
+        self.base = base
         #: names that only mean library code; None: no call sites (a submitted callable's body)
         self.library = library
         self.nodes: dict[int, NodeInfo] = {}
@@ -199,7 +201,7 @@ class _Rewriter:
         self._with_names: list[set[str]] = []  # `as` targets of the enclosing tracked with statements
 
     def _new(self, kind: str, stmt: ast.AST, **extra: object) -> NodeInfo:
-        info = NodeInfo(len(self.nodes), kind, stmt.lineno, self.top_index, func=self.func,  # type: ignore[arg-type]
+        info = NodeInfo(self.base + len(self.nodes), kind, stmt.lineno, self.top_index, func=self.func,  # type: ignore[arg-type]
                         **extra)  # type: ignore[arg-type]
         self.nodes[info.id] = info
         return info
@@ -229,7 +231,7 @@ class _Rewriter:
         """Rewrite one function's body like the top level, behind a prologue that restores its locals."""
         if not self.any_tracked(fdef.body):
             return  # no loop and no call that can lead to one: runs unchanged, at no cost
-        fid = len(self.defs) + 1
+        fid = self.base + len(self.defs) + 1
         local_names = function_locals(fdef)
         self.defs[fid] = DefInfo(fid, fdef.name, fdef.lineno, tuple(local_names))
         saved = self.func, self.top_index, self._with_names
@@ -565,6 +567,18 @@ def rewrite_module(source: str, filename: str) -> Rewritten:
     ast.fix_missing_locations(new_tree)
     return Rewritten(new_tree, rw.nodes, statements, frozenset(unstable), bool(rw.nodes), returns_last,
                      defs=rw.defs, unchanged_defs=rw.unchanged_defs, call_spans=rw.call_spans)
+
+
+def rewrite_library(source: str, filename: str, base: int) -> Rewritten:
+    """Rewrite the functions of a library module (`libraries`), not its top level: the module
+    body runs as it is when imported; every function holding a loop or a call site gets safe
+    points like a function of the program.  Node and function ids start above ``base``."""
+    tree = ast.parse(source, filename=filename, mode="exec")
+    rw = _Rewriter(declared_global(tree), library_roots(tree) | {RT}, base=base)
+    rw.functions(tree)
+    ast.fix_missing_locations(tree)
+    return Rewritten(tree, rw.nodes, [], frozenset(rw.unstable), bool(rw.nodes), defs=rw.defs,
+                     unchanged_defs=rw.unchanged_defs, call_spans=rw.call_spans)
 
 
 def rewrite_function(fdef: ast.FunctionDef, local_names: list[str], params: list[str],

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import cloudpickle
 
-from . import background, context, digest, handles, iterators, lazy, rng, training_state
+from . import background, context, digest, handles, iterators, lazy, libraries, rng, training_state
 from .errors import CheckpointError, CheckpointFailure
 from .rewrite import PREFIX
 from .store import CheckpointDamaged, CheckpointStore, DigestMismatch, expected_digest
@@ -161,10 +161,14 @@ class ProxyPickler(cloudpickle.Pickler):
         if lazy.is_dataloader(obj):
             state = dict(obj.__dict__)
             state["_iterator"] = None  # a live persistent-workers iterator; recreated by iter()
+            if obj.__class__ is not t:  # accelerate's DataLoaderShard says it is a DataLoader
+                return libraries.new_instance, (t,), state
             return copyreg.__newobj__, (t,), state
         reduced = training_state.reduce(obj)  # grads, optimizers, schedulers, scalers, loader iterators
         if reduced is NotImplemented:
             reduced = handles.reduce(obj)  # a TensorBoard writer: re-opened on restore
+        if reduced is NotImplemented:
+            reduced = libraries.reduce(obj)  # weak references, shared-state singletons (accelerate)
         if reduced is not NotImplemented:
             return reduced
         return super().reducer_override(obj)

@@ -1,0 +1,324 @@
+"""Safe points inside library trainers: named library modules rewritten as they are imported.
+
+Many training loops are not the user's: ``Trainer.train()`` of Hugging Face transformers runs
+its loop in ``transformers/trainer.py``.  The functions of the modules named here are rewritten
+like the functions of the program (`rewrite.rewrite_library`: the module body itself runs as it
+is), so the library's loops are safe points, and a checkpoint taken there records the library
+frames on its stack like the program's own (`frames.user_chain`): a restore re-enters
+``trainer.train()`` and, through it, the library's inner loop, with each frame's locals back.
+
+On by default for `DEFAULT_MODULES` (a short, tested list); a job may name more modules
+(``submit(..., rewrite_modules=[...])``, ``--rewrite-module NAME``), which reach the process
+that runs it as `ENV` (comma-separated). A named module that is already imported when the
+program starts, is not Python source, or is a package's ``__init__`` is left as it is; its loops
+are then no safe points, and a preempt that finds the program inside one is answered with
+``checkpoint_failed`` naming the library function (`where.locate`).
+
+Node and function ids of a library module lie in a range of their own, derived from its name
+(`base_of`), so they are the same in every process that imports it.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+import warnings
+import weakref
+import zlib
+from typing import Any, Iterable, Optional, Sequence
+
+from .rewrite import RT, rewrite_library
+
+#: library modules rewritten unless the job says otherwise: transformers' `Trainer` loop.
+#: ``transformers.trainer`` holds ``Trainer.train`` -> ``_inner_training_loop`` ->
+#: ``_run_epoch`` -> ``get_batch_samples``; its DataLoader (accelerate's ``DataLoaderShard``)
+#: iterates through a generator, made resumable by `shard_iterators`.
+DEFAULT_MODULES: tuple[str, ...] = ("transformers.trainer",)
+#: the environment variable naming extra modules (comma-separated); ``-`` first turns the defaults off
+ENV = "SINGULARITY_REWRITE_MODULES"
+#: a library module's ids are ``base + 1 ...``; ranges are this wide
+SPAN = 1_000_000
+
+
+def base_of(name: str) -> int:
+    """The id range of module ``name``: far above any submitted program's ids, stable across processes."""
+    return (zlib.crc32(name.encode()) % 2000 + 1) * SPAN
+
+
+def modules_from_env(value: Optional[str] = None) -> list[str]:
+    """The modules to rewrite: `DEFAULT_MODULES` plus those of `ENV` (``-`` alone drops the defaults)."""
+    value = os.environ.get(ENV, "") if value is None else value
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    defaults = [] if "-" in names else list(DEFAULT_MODULES)
+    return list(dict.fromkeys(defaults + [n for n in names if n != "-"]))
+
+
+class Registry:
+    """What the rewritten library modules add to the program: nodes, functions, call spans."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[int, Any] = {}
+        self.defs: dict[int, Any] = {}
+        self.call_spans: dict[int, dict] = {}
+        self.modules: dict[str, types.ModuleType] = {}
+        self.bases: dict[int, str] = {}
+        #: changes whenever a module is added (the program re-merges its tables)
+        self.version = 0
+        self.runtime: Any = None
+        #: named modules that could not be rewritten, and why
+        self.skipped: dict[str, str] = {}
+
+    def add(self, name: str, rewritten: Any, module: types.ModuleType) -> None:
+        self.nodes.update(rewritten.nodes)
+        self.defs.update(rewritten.defs)
+        self.call_spans.update(rewritten.call_spans)
+        self.modules[name] = module
+        self.version += 1
+
+
+REGISTRY = Registry()
+
+
+class _RewritingLoader(importlib.machinery.SourceFileLoader):
+    """Compiles the module's source through `rewrite_library` (never from or into a ``.pyc``)."""
+
+    def get_code(self, fullname: str) -> types.CodeType:  # type: ignore[override]
+        path = self.get_filename(fullname)
+        source = importlib.util.decode_source(self.get_data(path))  # type: ignore[attr-defined]
+        base = base_of(fullname)
+        owner = REGISTRY.bases.get(base)
+        if owner is not None and owner != fullname:
+            REGISTRY.skipped[fullname] = f"its id range is taken by {owner}"
+            return compile(source, path, "exec", dont_inherit=True)
+        rewritten = rewrite_library(source, path, base)
+        self._rewritten = rewritten
+        REGISTRY.bases[base] = fullname
+        return compile(rewritten.tree, path, "exec", dont_inherit=True)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        from .runtime import DORMANT
+
+        module.__dict__[RT] = REGISTRY.runtime if REGISTRY.runtime is not None else DORMANT
+        code = self.get_code(module.__name__)
+        rewritten = getattr(self, "_rewritten", None)
+        if rewritten is not None:
+            REGISTRY.add(module.__name__, rewritten, module)
+        exec(code, module.__dict__)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
+                  target: Optional[types.ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname not in self.names or fullname in REGISTRY.modules:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py") \
+                or spec.submodule_search_locations is not None:
+            REGISTRY.skipped.setdefault(fullname, "not a plain Python source module")
+            return None
+        spec.loader = _RewritingLoader(fullname, spec.origin)
+        spec.cached = None
+        return spec
+
+
+_finder = _Finder()
+
+
+def install(names: Optional[Iterable[str]] = None) -> None:
+    """Rewrite ``names`` (default: `modules_from_env`) when they are imported from now on."""
+    from .runtime import install_dormant
+
+    install_dormant()
+    wanted = list(modules_from_env() if names is None else names)
+    for name in wanted:
+        if name in sys.modules and name not in REGISTRY.modules:
+            REGISTRY.skipped.setdefault(name, "it was imported before the job's engine started")
+    _finder.names.update(wanted)
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    shard_iterators()
+
+
+def bind(runtime: Any) -> None:
+    """Point the rewritten modules at ``runtime`` (the program's, while it runs), or the dormant one."""
+    from .runtime import DORMANT
+
+    REGISTRY.runtime = runtime
+    for module in REGISTRY.modules.values():
+        module.__dict__[RT] = runtime if runtime is not None else DORMANT
+
+
+# --------------------------------------------------------------------------- accelerate's DataLoaderShard
+def shard_iterators() -> None:
+    """Make the iterators of accelerate's ``DataLoaderShard`` checkpointable.
+
+    ``DataLoaderShard.__iter__`` is a generator (it iterates one batch ahead), and a live
+    generator cannot be saved.  Wrapped, it returns a `ShardIterator`, which pickles as the
+    loader, the RNG at its first batch (when the generator's body starts: it creates the
+    underlying DataLoader iterator then) and the number of batches it yielded.  A restored one,
+    at its first ``next``, runs the generator again from the start under that RNG, skips as
+    many batches, and puts back the loader's attributes (and its gradient state's), the RNG
+    and the loader's generators as they were: it then yields what the original would have.
+    """
+    from . import lazy
+
+    lazy.when_imported("accelerate.data_loader", _patch_shard)
+
+
+def _patch_shard(module: Any) -> None:
+    cls = getattr(module, "DataLoaderShard", None)
+    if cls is None or getattr(cls.__iter__, "_sg_patched", False):
+        return
+    original = cls.__iter__
+
+    def __iter__(self: Any) -> "ShardIterator":
+        return ShardIterator(self, original)
+
+    __iter__._sg_patched = True  # type: ignore[attr-defined]
+    __iter__.__wrapped_iter__ = original  # type: ignore[attr-defined]
+    __iter__.__doc__ = original.__doc__
+    cls.__iter__ = __iter__
+
+
+def _loader_snapshot(loader: Any) -> tuple:
+    from . import iterators, rng
+
+    return rng.capture(full=True), [(g, g.get_state()) for g in iterators.loader_generators(loader)]
+
+
+def _apply_snapshot(snapshot: tuple) -> None:
+    from . import rng
+
+    state, gens = snapshot
+    rng.apply(state)
+    for g, s in gens:
+        g.set_state(s)
+
+
+class ShardIterator:
+    """An iterator over a ``DataLoaderShard`` that a checkpoint can hold (see `shard_iterators`)."""
+
+    def __init__(self, loader: Any, original: Any, first: Optional[tuple] = None, yielded: int = 0) -> None:
+        self.loader = loader
+        self._original = original
+        self._gen: Any = None
+        self.first = first
+        self.yielded = yielded
+        self._replay = yielded if first is not None else 0
+
+    def __iter__(self) -> "ShardIterator":
+        return self
+
+    def __next__(self) -> Any:
+        if self._gen is None:
+            if self._replay:
+                self._catch_up()
+            else:
+                self.first = _loader_snapshot(self.loader)
+                self._gen = self._original(self.loader)
+        item = next(self._gen)
+        self.yielded += 1
+        return item
+
+    def _catch_up(self) -> None:
+        from . import rng
+        from .errors import CheckpointError
+
+        loader = self.loader
+        gs = getattr(loader, "gradient_state", None)
+        saved = dict(loader.__dict__), (dict(gs.__dict__) if gs is not None else None)
+        now = _loader_snapshot(loader)
+        try:
+            assert self.first is not None
+            _apply_snapshot(self.first)
+            gen = self._original(loader)
+            after_first = None
+            for i in range(self._replay):
+                next(gen)
+                if i == 0:
+                    after_first = rng.capture(full=True)
+            if self._replay > 1 and after_first is not None and not rng.equal(after_first, rng.capture(full=True)):
+                raise CheckpointError(
+                    "the DataLoader of the library trainer drew random numbers while loading its batches; "
+                    "they were interleaved with training steps and cannot be replayed exactly")
+        finally:
+            loader.__dict__.clear()
+            loader.__dict__.update(saved[0])
+            if gs is not None and saved[1] is not None:
+                gs.__dict__.clear()
+                gs.__dict__.update(saved[1])
+            _apply_snapshot(now)
+        self._gen = gen
+        self._replay = 0
+
+    def __reduce__(self) -> tuple:
+        return _restore_shard_iterator, (self.loader, self.first, self.yielded)
+
+    def __repr__(self) -> str:
+        return f"<ShardIterator over {type(self.loader).__name__}, {self.yielded} batches>"
+
+
+def _restore_shard_iterator(loader: Any, first: Optional[tuple], yielded: int) -> ShardIterator:
+    original = getattr(type(loader).__iter__, "__wrapped_iter__", None)
+    if original is None:  # pragma: no cover - the class is patched when its module is imported
+        raise RuntimeError("accelerate's DataLoaderShard was imported before the job's engine started")
+    return ShardIterator(loader, original, first, yielded)
+
+
+def unreached(names: Iterable[str] = ()) -> dict[str, str]:
+    """Named modules that are not rewritten, and why (for the job's log)."""
+    return {n: REGISTRY.skipped[n] for n in names if n in REGISTRY.skipped}
+
+
+def warn_skipped() -> None:
+    for name, why in REGISTRY.skipped.items():
+        warnings.warn(f"library module {name} is not rewritten ({why}): its loops are no safe points",
+                      RuntimeWarning, stacklevel=2)
+
+
+# --------------------------------------------------------------------------- pickling library objects
+def new_instance(cls: type) -> Any:
+    """An empty instance (for a class whose ``__class__`` lies, which ``copyreg.__newobj__`` refuses)."""
+    return cls.__new__(cls)
+
+
+def _weakref_to(obj: Any) -> Any:
+    return weakref.ref(obj)
+
+
+class _Gone:
+    pass
+
+
+def _dead_weakref() -> Any:
+    return weakref.ref(_Gone())  # the temporary dies at once
+
+
+def _shared_state_instance(cls: type) -> Any:
+    obj = cls.__new__(cls)
+    obj.__dict__ = cls._shared_state  # type: ignore[attr-defined]
+    return obj
+
+
+def reduce(obj: Any) -> Any:
+    """How the checkpoint saves what trainer libraries hold and plain pickling refuses or breaks.
+
+    * a plain weak reference (accelerate's ``GradientState`` keeps its DataLoaders so): saved as a
+      reference to its object, which the checkpoint then holds too (a dead one stays dead);
+    * an instance of a shared-state ("Borg") class, whose ``__dict__`` is its class's
+      ``_shared_state`` (accelerate's ``PartialState``, ``AcceleratorState``, ``GradientState``):
+      restored into the class's shared state, so instances made after the restore see it too.
+    """
+    t = type(obj)
+    if t is weakref.ReferenceType:
+        target = obj()
+        return (_dead_weakref, ()) if target is None else (_weakref_to, (target,))
+    shared = getattr(t, "_shared_state", None)
+    if type(shared) is dict and getattr(obj, "__dict__", None) is shared:
+        return _shared_state_instance, (t,), dict(shared)
+    return NotImplemented
