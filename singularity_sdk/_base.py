@@ -81,7 +81,7 @@ class BaseClient:
                     env: Optional[dict[str, str]], filename: Optional[str],
                     inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None,
                     argv: Optional[list[str]] = None, workdir: Union[str, Path, None] = None,
-                    sync_workdir: bool = False) -> dict[str, Any]:
+                    sync_workdir: bool = False, rewrite_modules: Optional[list[str]] = None) -> dict[str, Any]:
         """Build a validated submit request from a source string, a script path or a callable.
 
         ``argv`` becomes the job's ``sys.argv[1:]``; ``workdir`` (default: the current directory)
@@ -90,6 +90,8 @@ class BaseClient:
         folder = os.path.abspath(workdir if workdir is not None else os.getcwd())
         fields: dict[str, Any] = dict(gpus=gpus, sla=sla, name=name, ranks=ranks, workdir=folder,
                                       checkpoint_every=checkpoint_every, env=env or {}, outputs=list(outputs or []))
+        if rewrite_modules:  # library modules whose loops get safe points (docs/checkpoint-format.md)
+            fields["env"] = {**fields["env"], "SINGULARITY_REWRITE_MODULES": ",".join(rewrite_modules)}
         if argv is not None:
             fields["args"] = argv
         if sync_workdir:

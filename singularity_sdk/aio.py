@@ -217,11 +217,11 @@ class AsyncClient(BaseClient):
                      filename: Optional[str] = None, kwargs: Optional[dict[str, Any]] = None,
                      inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None,
                      args: Optional[list[str]] = None, workdir: Union[str, Path, None] = None,
-                     sync_workdir: bool = False) -> AsyncJob:
+                     sync_workdir: bool = False, rewrite_modules: Optional[list[str]] = None) -> AsyncJob:
         body = self.submit_body(code, fn_args, kwargs, gpus=gpus, sla=sla, name=name, ranks=ranks,
                                 checkpoint_every=checkpoint_every, env=env, filename=filename,
                                 inputs=inputs, outputs=outputs, argv=args, workdir=workdir,
-                                sync_workdir=sync_workdir)
+                                sync_workdir=sync_workdir, rewrite_modules=rewrite_modules)
         return AsyncJob(self, JobInfo.model_validate(await self._post("/jobs", body)))
 
     async def get(self, job_id: str) -> AsyncJob:

@@ -43,7 +43,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     with _client(args) as c:
         job = c.submit(source, gpus=args.gpus, sla=args.sla, name=args.name or Path(filename).stem,
                        ranks=args.ranks, checkpoint_every=args.checkpoint_every, filename=filename, env=env,
-                       args=args.script_args, sync_workdir=args.sync_workdir)
+                       args=args.script_args, sync_workdir=args.sync_workdir, rewrite_modules=args.rewrite_module)
         if args.wait:
             for ev in job.events():
                 if not args.json:
@@ -295,6 +295,8 @@ def build_parser(extra: Sequence[Register] = ()) -> argparse.ArgumentParser:
     s.add_argument("--sla", choices=SLA_CHOICES, default="standard")
     s.add_argument("--name", default=None)
     s.add_argument("--checkpoint-every", type=float, default=None, metavar="SECONDS")
+    s.add_argument("--rewrite-module", action="append", default=[], metavar="MODULE",
+                   help="also give safe points to the loops of this library module (repeatable)")
     s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="an environment variable for the job's processes (repeatable)")
     s.add_argument("--sync-workdir", action="store_true",

@@ -231,17 +231,19 @@ class Client(BaseClient):
                kwargs: Optional[dict[str, Any]] = None,
                inputs: Optional[dict[str, Any]] = None, outputs: Optional[list[str]] = None,
                args: Optional[list[str]] = None, workdir: Union[str, Path, None] = None,
-               sync_workdir: bool = False) -> Job:
+               sync_workdir: bool = False, rewrite_modules: Optional[list[str]] = None) -> Job:
         """Submit source code (str), a script (pathlib.Path) or a callable with ``*fn_args``/``kwargs``.
 
         ``args`` is the job's ``sys.argv[1:]``; it runs in ``workdir`` (default: the current
         directory), so relative paths mean what they mean to ``python script.py ARGS`` run here;
         ``sync_workdir=True`` also sends a copy of that folder (at most 32 MiB of files) for nodes
-        that do not see it: the job then runs in the copy, whose files travel with its checkpoints."""
+        that do not see it: the job then runs in the copy, whose files travel with its checkpoints.
+        ``rewrite_modules`` names library modules whose loops also become safe points (transformers'
+        Trainer loop is one by default; docs/checkpoint-format.md)."""
         body = self.submit_body(code, fn_args, kwargs, gpus=gpus, sla=sla, name=name, ranks=ranks,
                                 checkpoint_every=checkpoint_every, env=env, filename=filename,
                                 inputs=inputs, outputs=outputs, argv=args, workdir=workdir,
-                                sync_workdir=sync_workdir)
+                                sync_workdir=sync_workdir, rewrite_modules=rewrite_modules)
         return Job(self, JobInfo.model_validate(self._post("/jobs", body)))
 
     def get(self, job_id: str) -> Job:
