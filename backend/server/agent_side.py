@@ -23,7 +23,7 @@ from singularity_sdk.protocol import (
 )
 
 from . import lifecycle, log_replay
-from .core import AgentLink
+from .core import AgentLink, Core, Movers
 from .lifecycle import MOVES, JobRecord
 
 log = logging.getLogger("singularity.server")
@@ -49,17 +49,25 @@ def fenced(row: Any, node: str, ae: AgentEvent) -> str:
 
 
 class AgentSide:
-    """Mixed into :class:`~backend.server.service.Service`."""
+    """What agents report: their connections, exactly-once intake of their events, rank exits
+    (settled by lifecycle.py), lost nodes and moves that found no safe point."""
+
+    moves: Movers  # wired by Service: a migration or resize continues there once its ranks stopped
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.store = core.store
+        self.config = core.config
 
     def agent_hello(self, link: AgentLink, hello: AgentHello) -> Welcome:
         with self.store.tx():
             acked = self.store.upsert_node(hello.node, hello.devices, hello.instance, hello.address)
-        self.links[hello.node] = link
-        self.dropped.pop(hello.node, None)
-        self.fingerprints[hello.node] = dict(hello.fingerprint)
+        self.core.links[hello.node] = link
+        self.core.dropped.pop(hello.node, None)
+        self.core.fingerprints[hello.node] = dict(hello.fingerprint)
         log.info("agent %s connected (%d devices, instance %s)", hello.node, len(hello.devices), hello.instance)
         self._reconcile(hello.node, {tuple(k) for k in hello.known_jobs})
-        self._schedule_hook()
+        self.core.schedule()
         return Welcome(acked_seq=acked, heartbeat_s=self.config.heartbeat_s)
 
     def _reconcile(self, node: str, known: set[tuple[str, int]]) -> None:
@@ -73,20 +81,20 @@ class AgentSide:
         for job_id, attempt in known:
             info = placed_here.get(job_id)
             if info is None or info.attempt != attempt:
-                self._send(node, StopJob(job_id=job_id, attempt=attempt, reason="stale: not placed here",
+                self.core.send(node, StopJob(job_id=job_id, attempt=attempt, reason="stale: not placed here",
                                          grace_s=self.config.stop_grace_s))
         # Jobs we placed there whose workers the agent does not know: they are gone.
         for job_id, info in placed_here.items():
             if (job_id, info.attempt) not in known:
-                self._job_lost(info, f"its workers on {node} are gone (the node agent restarted)")
+                self.job_lost(info, f"its workers on {node} are gone (the node agent restarted)")
 
     def agent_disconnected(self, link: AgentLink, dropped: bool = False) -> None:
         """``dropped``: the connection broke without a close frame, as when the agent's process
         dies; unless it reconnects within ``drop_grace_s`` its node is lost (check_nodes)."""
-        if self.links.get(link.node) is link:
-            del self.links[link.node]
+        if self.core.links.get(link.node) is link:
+            del self.core.links[link.node]
             if dropped:
-                self.dropped[link.node] = time.time()
+                self.core.dropped[link.node] = time.time()
             log.info("agent %s disconnected%s", link.node, " (connection dropped)" if dropped else "")
 
     def agent_leaving(self, node: str, reason: str) -> None:
@@ -138,7 +146,7 @@ class AgentSide:
         for user, ev in published:
             by_user.setdefault(user, []).append(ev)
         for user, evs in by_user.items():
-            self._publish(user, evs)
+            self.core.publish(user, evs)
         for fn in followups:
             fn()
         return acked
@@ -154,7 +162,7 @@ class AgentSide:
         state = JobState(row["state"])
 
         def emit(type: EventType, data: dict[str, Any], when: Optional[float] = None) -> None:
-            out.append((user, self._emit(ae.job_id, type, data, when)))
+            out.append((user, self.core.emit(ae.job_id, type, data, when)))
 
         if ae.type in PASS_THROUGH:
             if ae.type == EventType.CHECKPOINT_STARTED and JobRecord.from_row(row).stop in MOVES:
@@ -230,9 +238,9 @@ class AgentSide:
         t = lifecycle.on_rank_exit(JobRecord.from_row(row), rank, code, time.time(), self.retry_policy,
                                    error=ae.data.get("error"), user_error=bool(ae.data.get("user_error")),
                                    planned=ae.data.get("planned_stop"))
-        self._apply(row["id"], t, emit, followups)
+        self.apply(row["id"], t, emit, followups)
 
-    def _apply(self, job_id: str, t: lifecycle.Transition, emit, followups: list[Callable[[], None]]) -> None:
+    def apply(self, job_id: str, t: lifecycle.Transition, emit, followups: list[Callable[[], None]]) -> None:
         """Write a transition inside the caller's transaction; its follow-ups run after it."""
         if t.updates:
             self.store.update_job(job_id, **t.updates)
@@ -241,15 +249,15 @@ class AgentSide:
         info = self.store.job_info(job_id)
         for f in t.then:
             if f.kind == "stop_everywhere":
-                followups.append(lambda info=info, why=f.why: self._stop_everywhere(info, why))
+                followups.append(lambda info=info, why=f.why: self.core.stop_everywhere(info, why))
             elif f.kind == "migrate_onwards":
-                followups.append(lambda detail=f.detail: self._migrate_onwards(job_id, detail))
+                followups.append(lambda detail=f.detail: self.moves.migrate_onwards(job_id, detail))
             elif f.kind == "resize_onwards":
-                followups.append(lambda detail=f.detail: self._resize_onwards(job_id, detail))
+                followups.append(lambda detail=f.detail: self.moves.resize_onwards(job_id, detail))
             elif f.kind == "wake_at":
-                followups.append(lambda when=f.when: self._wake_at(when))
+                followups.append(lambda when=f.when: self.core.wake_at(when))
             elif f.kind == "schedule":
-                followups.append(self._schedule_hook)
+                followups.append(self.core.schedule)
             else:
                 raise ValueError(f"unknown follow-up {f.kind!r}")
 
@@ -267,18 +275,18 @@ class AgentSide:
         names = ("barrier", "checkpoint", "restart", "restore")
         return {name: round(b - a, 3) for name, a, b in zip(names, marks, marks[1:])}
 
-    def _job_lost(self, info: JobInfo, why: str) -> None:
+    def job_lost(self, info: JobInfo, why: str) -> None:
         """Workers vanished without reporting an exit: retry or fail, and free the devices."""
         events: list[Event] = []
         followups: list[Callable[[], None]] = []
 
         def emit(type: EventType, data: dict[str, Any]) -> None:
-            events.append(self._emit(info.id, type, data))
+            events.append(self.core.emit(info.id, type, data))
 
         with self.store.tx():
             job = JobRecord.from_row(self.store.job_row(info.id))
-            self._apply(info.id, lifecycle.on_workers_lost(job, why, time.time(), self.retry_policy), emit, followups)
-        self._publish(info.user, events)
+            self.apply(info.id, lifecycle.on_workers_lost(job, why, time.time(), self.retry_policy), emit, followups)
+        self.core.publish(info.user, events)
         for fn in followups:
             fn()
 
@@ -298,23 +306,23 @@ class AgentSide:
                 continue
             with self.store.tx():
                 self.store.update_job(info.id, **lifecycle.move_called_off(job))
-                ev = self._emit(info.id, EventType.CHECKPOINT_FAILED, {
+                ev = self.core.emit(info.id, EventType.CHECKPOINT_FAILED, {
                     "error": f"no rank reached a safe point or answered within {bound:.0f} s; the "
                              f"{job.stop.value} is called off and the job runs on", "variables": [],
                     "timeout": True})
-            self._publish(info.user, [ev])
+            self.core.publish(info.user, [ev])
 
     def check_nodes(self, now: Optional[float] = None) -> None:
         """Mark nodes whose agent has been silent too long as lost, and move their jobs on."""
         now = time.time() if now is None else now
         for n in self.store.nodes():
-            if n.state in (NodeState.LOST, NodeState.DOWN) or n.name in self.links:
+            if n.state in (NodeState.LOST, NodeState.DOWN) or n.name in self.core.links:
                 continue
-            dropped_at = self.dropped.get(n.name)
+            dropped_at = self.core.dropped.get(n.name)
             dropped = dropped_at is not None and now - dropped_at >= self.config.drop_grace_s
             if not dropped and n.heartbeat_at is not None and now - n.heartbeat_at < self.config.node_timeout_s:
                 continue
-            self.dropped.pop(n.name, None)
+            self.core.dropped.pop(n.name, None)
             with self.store.tx():
                 self.store.set_node(n.name, state=NodeState.LOST.value)
             why = "its agent's connection dropped and it did not come back" if dropped else "no heartbeat"
@@ -322,8 +330,8 @@ class AgentSide:
             for info in self.store.list_jobs(states=[s.value for s in JobState if s.holds_devices]):
                 if any(p.node == n.name for p in info.placement):
                     with self.store.tx():
-                        ev = self._emit(info.id, EventType.NODE_LOST,
+                        ev = self.core.emit(info.id, EventType.NODE_LOST,
                                         {"node": n.name, "silent_s": round(now - (n.heartbeat_at or now), 1),
                                          "why": why})
-                    self._publish(info.user, [ev])
-                    self._job_lost(info, f"node {n.name} was lost")
+                    self.core.publish(info.user, [ev])
+                    self.job_lost(info, f"node {n.name} was lost")

@@ -1,11 +1,25 @@
-"""What every part of the service shares: its configuration, its error type, and the handle on
-a connected agent."""
+"""What every part of the service shares: its configuration, its error type, the handle on a
+connected agent, the shared state and plumbing (`Core`), and the narrow interfaces through which
+the parts reach each other (`Rounds`, `Movers`, `Losses`, `Quotas`)."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from pydantic import BaseModel
+
+from singularity_sdk.protocol import Event, EventType, JobInfo, JobState, NodeInfo, NodeState, StopJob
+
+from .hub import Hub
+from .store import Store
+
+if TYPE_CHECKING:
+    from backend.scheduler.types import Snapshot
+
+log = logging.getLogger("singularity.server")
+#: What a user sees in ``nodes`` for a device held by another user's job.
+OTHER_JOB = "(other)"
 
 
 class ServiceError(Exception):
@@ -52,3 +66,113 @@ class ServiceConfig:
     #: what the policy assumes one preemption or migration costs (seconds of a job's devices):
     #: a defragmenting move happens only when its expected gain beats twice this
     move_cost_s: float = 5.0
+
+
+class Core:
+    """The service's shared state and plumbing, given to each of its parts (agent side, moves,
+    scheduling, usage), which do not inherit from each other: the store, the config, the event
+    hub, the agents' connections and what they said in their hellos, and emit / publish / send."""
+
+    def __init__(self, store: Store, config: ServiceConfig) -> None:
+        self.store = store
+        self.config = config
+        self.hub = Hub()
+        self.links: dict[str, AgentLink] = {}
+        #: node -> when its agent's connection broke without a close frame (see check_nodes)
+        self.dropped: dict[str, float] = {}
+        #: node -> what a resumed job's result depends on there (versions, device model), from its hello
+        self.fingerprints: dict[str, dict[str, Any]] = {}
+        #: node -> the Ray node its agent was placed on (serve --ray fills it in)
+        self.ray_node_ids: dict[str, str] = {}
+        #: run a scheduling round (soon); the asyncio layer coalesces many calls into one round
+        self.schedule: Callable[[], None] = lambda: None
+        #: run one at a given time (when a retry's backoff ends)
+        self.wake_at: Callable[[float], None] = lambda when: None
+
+    def emit(self, job_id: str, type: EventType, data: dict[str, Any], when: Optional[float] = None) -> Event:
+        """Append an event inside the caller's transaction; `publish` it after the commit."""
+        return self.store.append_event(job_id, type, data, when)
+
+    def publish(self, user: str, events: list[Event]) -> None:
+        if events:
+            self.hub.publish(user, events)
+
+    def send(self, node: str, message: BaseModel) -> bool:
+        link = self.links.get(node)
+        if link is None:
+            return False
+        try:
+            link.send(message)
+            return True
+        except Exception as exc:  # a dying socket must not break the caller's transaction
+            log.warning("could not send %s to %s: %s", type(message).__name__, node, exc)
+            return False
+
+    def job(self, user: str, job_id: str) -> JobInfo:
+        info = self.store.job_info(job_id)
+        if info is None or info.user != user:
+            raise ServiceError(
+                404, f"no job '{job_id}' among {user}'s jobs; 'singularityctl jobs' lists them", "job_id"
+            )
+        return info
+
+    def stop_everywhere(self, info: JobInfo, reason: str) -> None:
+        for p in info.placement:
+            self.send(p.node, StopJob(job_id=info.id, attempt=info.attempt, reason=reason,
+                                      grace_s=self.config.stop_grace_s))
+
+    def capacity(self) -> int:
+        return sum(len(n.devices) for n in self.store.nodes() if n.state != NodeState.DOWN)
+
+    def nodes(self, user: Optional[str] = None) -> list[NodeInfo]:
+        """The cluster's nodes; a device held by someone else's job shows as ``"(other)"`` unless
+        ``user`` is None (the admin), so job ids do not leak across users."""
+        used: dict[str, dict[int, str]] = {}
+        for info in self.store.list_jobs(states=[s.value for s in JobState if s.holds_devices]):
+            for p in info.placement:
+                for d in p.devices:
+                    used.setdefault(p.node, {})[d] = info.id if user in (None, info.user) else OTHER_JOB
+        out = []
+        for n in self.store.nodes():
+            n.used = used.get(n.name, {})
+            n.ray_node_id = self.ray_node_ids.get(n.name)
+            out.append(n)
+        return out
+
+
+class Rounds(Protocol):
+    """What moves need of scheduling."""
+
+    def snapshot(self) -> "Snapshot": ...
+
+    def start_attempt(self, row: Any, placement: dict[str, tuple[int, ...]], reason: str, state: JobState) -> None: ...
+
+
+class Movers(Protocol):
+    """What scheduling and the agent side need of moves."""
+
+    def preempt(self, user: str, job_id: str, reason: str = "", by: Optional[str] = None,
+                requeue: bool = False, checkpoint_timeout: Optional[float] = None) -> JobInfo: ...
+
+    def migrate(self, user: str, job_id: str, to: Optional[str] = None, reason: str = "",
+                by: Optional[str] = None, checkpoint_timeout: Optional[float] = None) -> JobInfo: ...
+
+    def resize(self, user: str, job_id: str, gpus: Optional[int], reason: str = "", by: Optional[str] = None,
+               placement: Optional[dict[str, tuple[int, ...]]] = None,
+               checkpoint_timeout: Optional[float] = None) -> JobInfo: ...
+
+    def migrate_onwards(self, job_id: str, detail: dict[str, Any]) -> None: ...
+
+    def resize_onwards(self, job_id: str, detail: dict[str, Any]) -> None: ...
+
+
+class Losses(Protocol):
+    """What scheduling needs of the agent side: a start that cannot reach its node loses the attempt."""
+
+    def job_lost(self, info: JobInfo, why: str) -> None: ...
+
+
+class Quotas(Protocol):
+    """What scheduling needs of usage: the quotas the snapshot carries."""
+
+    def quotas(self) -> dict[tuple[str, str], int]: ...

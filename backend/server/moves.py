@@ -12,14 +12,22 @@ from typing import Any, Optional
 from singularity_sdk.protocol import CheckpointJob, EventType, JobInfo, JobState, NodeInfo, NodeState
 
 from . import exact_nodes, ranks
-from .core import ServiceError
+from .core import Core, Rounds, ServiceError
 from .lifecycle import Stop
 
 log = logging.getLogger("singularity.server")
 
 
 class Moves:
-    """Mixed into :class:`~backend.server.service.Service`."""
+    """Preempt, resume, checkpoint, migrate, resize, drain: requests that stop a job's ranks at a
+    checkpoint and place it again."""
+
+    scheduling: Rounds  # wired by Service: where a moved job's next attempt starts
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.store = core.store
+        self.config = core.config
 
     def preempt(self, user: str, job_id: str, reason: str = "", by: Optional[str] = None,
                 requeue: bool = False, checkpoint_timeout: Optional[float] = None) -> JobInfo:
@@ -32,8 +40,8 @@ class Moves:
         with self.store.tx():
             self.store.update_job(job_id, state=JobState.PREEMPTING.value, stop_reason=Stop.PREEMPT.value,
                                   stop_detail_json=json.dumps(detail), moved_at=time.time())
-            ev = self._emit(job_id, EventType.PREEMPTING, detail)
-        self._publish(info.user, [ev])
+            ev = self.core.emit(job_id, EventType.PREEMPTING, detail)
+        self.core.publish(info.user, [ev])
         self._checkpoint_everywhere(info, "stop", detail["reason"], detail["checkpoint_timeout"])
         return self.store.job_info(job_id)
 
@@ -42,7 +50,7 @@ class Moves:
         self._require(user, job_id, JobState.PREEMPTED, "resumed")
         with self.store.tx():
             self.store.update_job(job_id, state=JobState.QUEUED.value, placement_json="[]")
-        self._schedule_hook()
+        self.core.schedule()
         return self.store.job_info(job_id)
 
     def checkpoint(self, user: str, job_id: str, reason: str = "",
@@ -58,7 +66,7 @@ class Moves:
         return float(checkpoint_timeout or self.config.checkpoint_timeout_s)
 
     def _require(self, user: str, job_id: str, state: JobState, verb: str) -> JobInfo:
-        info = self.job(user, job_id)
+        info = self.core.job(user, job_id)
         if info.state != state:
             raise ServiceError(409, f"job {job_id} is {info.state.value}; only a {state.value} job can be {verb}",
                                "job_id")
@@ -66,7 +74,7 @@ class Moves:
 
     def _checkpoint_everywhere(self, info: JobInfo, then: str, reason: str, timeout_s: float) -> None:
         for p in {p.node for p in info.placement}:
-            self._send(p, CheckpointJob(job_id=info.id, attempt=info.attempt, then=then, reason=reason,
+            self.core.send(p, CheckpointJob(job_id=info.id, attempt=info.attempt, then=then, reason=reason,
                                         timeout_s=timeout_s))
 
     def migrate(self, user: str, job_id: str, to: Optional[str] = None, reason: str = "",
@@ -81,13 +89,13 @@ class Moves:
                 raise ServiceError(404, f"no node '{to}'; nodes are: {names}", "node")
             if to in sources:
                 raise ServiceError(409, f"job {job_id} already runs on {to}", "node")
-        fp = exact_nodes.moving(self.store.job_row(job_id), sources, self.fingerprints)
-        among = exact_nodes.allowed(fp, self.store.nodes(), self.fingerprints)
-        if to is not None and exact_nodes.why_not(fp, to, self.fingerprints):
+        fp = exact_nodes.moving(self.store.job_row(job_id), sources, self.core.fingerprints)
+        among = exact_nodes.allowed(fp, self.store.nodes(), self.core.fingerprints)
+        if to is not None and exact_nodes.why_not(fp, to, self.core.fingerprints):
             raise ServiceError(409, f"job {job_id} would not resume exactly on {to}: "
-                                    f"{exact_nodes.why_not(fp, to, self.fingerprints)}", "node")
+                                    f"{exact_nodes.why_not(fp, to, self.core.fingerprints)}", "node")
         if to is None and fp and among is None:
-            others = "; ".join(f"{n.name}: {exact_nodes.why_not(fp, n.name, self.fingerprints)}"
+            others = "; ".join(f"{n.name}: {exact_nodes.why_not(fp, n.name, self.core.fingerprints)}"
                                for n in self.store.nodes() if n.name not in sources)
             raise ServiceError(409, f"no other node resumes job {job_id} exactly ({others})", "node")
         target = self._find_room(info.gpus, exclude=sources, only=to, among=among)
@@ -102,8 +110,8 @@ class Moves:
             self.store.update_job(job_id, state=JobState.MIGRATING.value, stop_reason=Stop.MIGRATE.value,
                                   stop_detail_json=json.dumps(detail), migration_json=json.dumps(detail),
                                   moved_at=time.time())
-            ev = self._emit(job_id, EventType.MIGRATING, detail)
-        self._publish(info.user, [ev])
+            ev = self.core.emit(job_id, EventType.MIGRATING, detail)
+        self.core.publish(info.user, [ev])
         self._checkpoint_everywhere(info, "stop", detail["reason"], detail["checkpoint_timeout"])
         return self.store.job_info(job_id)
 
@@ -114,10 +122,10 @@ class Moves:
         then all ranks restart on the new placement (several ranks per device when fewer devices
         than ranks). A queued or preempted job just changes size. ``placement``: where (the
         scheduler's choice); otherwise wherever fits, preferring to pack."""
-        info = self.job(user, job_id)
+        info = self.core.job(user, job_id)
         if gpus is None:
             raise ServiceError(422, "say how many devices: resize needs gpus", "gpus")
-        valid = ranks.choices(info.ranks, self.capacity() or gpus)
+        valid = ranks.choices(info.ranks, self.core.capacity() or gpus)
         if gpus not in valid:
             hint = "" if info.ranks > 1 else "; submit with --ranks N for a job that can change size"
             raise ServiceError(422, f"job {job_id} has {info.ranks} rank(s), so it can run on "
@@ -134,16 +142,16 @@ class Moves:
         if info.state in (JobState.QUEUED, JobState.PREEMPTED) and by_user:
             with self.store.tx():
                 self.store.update_job(job_id, gpus=gpus)
-                ev = self._emit(job_id, EventType.RESIZED, {**detail, "seconds": 0.0, "queued": True})
-            self._publish(info.user, [ev])
-            self._schedule_hook()
+                ev = self.core.emit(job_id, EventType.RESIZED, {**detail, "seconds": 0.0, "queued": True})
+            self.core.publish(info.user, [ev])
+            self.core.schedule()
             return self.store.job_info(job_id)
         self._require(user, job_id, JobState.RUNNING, "resized")
         if gpus == now_on:
             raise ServiceError(409, f"job {job_id} already runs on {gpus} device(s)", "gpus")
         own = {p.node: tuple(p.devices) for p in info.placement}
-        among = exact_nodes.allowed(exact_nodes.moving(self.store.job_row(job_id), own, self.fingerprints),
-                                    self.store.nodes(), self.fingerprints)
+        among = exact_nodes.allowed(exact_nodes.moving(self.store.job_row(job_id), own, self.core.fingerprints),
+                                    self.store.nodes(), self.core.fingerprints)
         if placement is None and self._find_room(gpus, also=own, among=among) is None:
             raise ServiceError(409, f"no room for {gpus} device(s) now (counting the job's own {now_on}); "
                                     f"free some devices or try a smaller size", "gpus")
@@ -153,36 +161,36 @@ class Moves:
                                   gpus=gpus if by_user else info.gpus,
                                   stop_detail_json=json.dumps(detail), migration_json=json.dumps(detail),
                                   moved_at=time.time())
-            ev = self._emit(job_id, EventType.RESIZING, {k: v for k, v in detail.items() if k != "since_seq"})
-        self._publish(info.user, [ev])
+            ev = self.core.emit(job_id, EventType.RESIZING, {k: v for k, v in detail.items() if k != "since_seq"})
+        self.core.publish(info.user, [ev])
         self._checkpoint_everywhere(info, "stop", detail["reason"], detail["checkpoint_timeout"])
         return self.store.job_info(job_id)
 
-    def _resize_onwards(self, job_id: str, detail: dict[str, Any]) -> None:
+    def resize_onwards(self, job_id: str, detail: dict[str, Any]) -> None:
         """All ranks stopped at a consistent checkpoint: start them again on the new placement."""
         row = self.store.job_row(job_id)
         own = {p["node"]: tuple(p["devices"]) for p in json.loads(row["placement_json"])}  # still "held" by it
         wanted = {n: tuple(d) for n, d in (detail.get("placement") or {}).items()}
         size = int(detail.get("to", row["gpus"]))
-        among = exact_nodes.allowed(exact_nodes.recorded(row), self.store.nodes(), self.fingerprints)
+        among = exact_nodes.allowed(exact_nodes.recorded(row), self.store.nodes(), self.core.fingerprints)
         if wanted and among is not None and not set(wanted) <= among:
             wanted = {}  # the scheduler's choice predates the checkpoint: resume where it is exact
         target = wanted if wanted and self._is_free(wanted, own) else self._find_room(size, also=own, among=among)
         if target is None:  # someone took the room meanwhile: wait in the queue
             with self.store.tx():
                 self.store.update_job(job_id, state=JobState.QUEUED.value)
-                ev = self._emit(job_id, EventType.PREEMPTED,
+                ev = self.core.emit(job_id, EventType.PREEMPTED,
                                 {"reason": f"no room for {size} device(s) after the resize; waiting",
                                  "by": "scheduler"})
-            self._publish(row["user"], [ev])
-            self._schedule_hook()
+            self.core.publish(row["user"], [ev])
+            self.core.schedule()
             return
         where = ", ".join(f"{n} {list(d)}" for n, d in target.items())
-        self._start_attempt(row, target, f"resize to {size} device(s): {where}", JobState.RESIZING)
+        self.scheduling.start_attempt(row, target, f"resize to {size} device(s): {where}", JobState.RESIZING)
 
     def _is_free(self, placement: dict[str, tuple[int, ...]], also: dict[str, tuple[int, ...]]) -> bool:
         """Whether every device of ``placement`` is free now, counting ``also`` as free."""
-        nodes = {n.name: n for n in self.snapshot().nodes}
+        nodes = {n.name: n for n in self.scheduling.snapshot().nodes}
         return all(n in nodes and nodes[n].schedulable and set(d) <= {*nodes[n].free, *also.get(n, ())}
                    for n, d in placement.items())
 
@@ -192,28 +200,28 @@ class Moves:
         ``among`` when given (where the job's checkpoint resumes exactly)."""
         from backend.scheduler.fifo import pick_devices
 
-        snap = self.snapshot()
+        snap = self.scheduling.snapshot()
         nodes = [n for n in snap.nodes if n.schedulable and n.name not in exclude and (only is None or n.name == only)
                  and (among is None or n.name in among)]
         extra = also or {}
         return pick_devices(nodes, {n.name: sorted({*n.free, *extra.get(n.name, ())}) for n in nodes}, gpus)
 
-    def _migrate_onwards(self, job_id: str, detail: dict[str, Any]) -> None:
+    def migrate_onwards(self, job_id: str, detail: dict[str, Any]) -> None:
         """The source ranks stopped at a checkpoint: start the job at its destination."""
         row = self.store.job_row(job_id)
         sources = set(detail.get("from", "").split(","))
-        among = exact_nodes.allowed(exact_nodes.recorded(row), self.store.nodes(), self.fingerprints)
+        among = exact_nodes.allowed(exact_nodes.recorded(row), self.store.nodes(), self.core.fingerprints)
         target = self._find_room(row["gpus"], exclude=sources, only=detail.get("to"), among=among)
         if target is None:  # the room went away meanwhile: wait in the queue, resume anywhere
             with self.store.tx():
                 self.store.update_job(job_id, state=JobState.QUEUED.value)
-                ev = self._emit(job_id, EventType.PREEMPTED,
+                ev = self.core.emit(job_id, EventType.PREEMPTED,
                                 {"reason": "migration target is full; waiting for room", "by": "scheduler"})
-            self._publish(row["user"], [ev])
-            self._schedule_hook()
+            self.core.publish(row["user"], [ev])
+            self.core.schedule()
             return
         where = ", ".join(f"{n} {list(d)}" for n, d in target.items())
-        self._start_attempt(row, target, f"migration to {where}", JobState.MIGRATING)
+        self.scheduling.start_attempt(row, target, f"migration to {where}", JobState.MIGRATING)
 
     def drain(self, caller_role: str, node: str) -> NodeInfo:
         """Move every job off ``node`` and take no new work there until undrained."""
@@ -229,7 +237,7 @@ class Moves:
                     log.info("drain %s: %s; preempting %s instead", node, exc.message, info.id)
                     self.preempt(info.user, info.id, reason=f"node {node} is draining (no room elsewhere)",
                                  by="drain", requeue=True)
-        self._schedule_hook()
+        self.core.schedule()
         return self._node(node)
 
     def undrain(self, caller_role: str, node: str) -> NodeInfo:
@@ -237,7 +245,7 @@ class Moves:
         if self._node(node).state == NodeState.DRAINING:
             with self.store.tx():
                 self.store.set_node(node, state=NodeState.READY.value)
-        self._schedule_hook()
+        self.core.schedule()
         return self._node(node)
 
     def _admin(self, role: str, verb: str) -> None:
@@ -245,7 +253,7 @@ class Moves:
             raise ServiceError(403, f"only the admin token (server.json of 'serve') may {verb} nodes")
 
     def _node(self, name: str) -> NodeInfo:
-        for n in self.nodes():
+        for n in self.core.nodes():
             if n.name == name:
                 return n
         raise ServiceError(404, f"no node '{name}'; nodes are: {', '.join(n.name for n in self.store.nodes())}",

@@ -13,7 +13,7 @@ from backend.scheduler.types import Action, JobView, Migrate, NodeView, Place, P
 from singularity_sdk.protocol import EventType, JobState, NodeState, Placement, RankSpec, StartJob
 
 from . import exact_nodes, ranks
-from .core import ServiceConfig, ServiceError
+from .core import Core, Losses, Movers, Quotas, ServiceConfig, ServiceError
 from .store import attained
 
 log = logging.getLogger("singularity.server")
@@ -22,16 +22,28 @@ Policy = Callable[[Snapshot], list[Action]]
 
 
 class Scheduling:
-    """Mixed into :class:`~backend.server.service.Service`."""
+    """Rounds: the snapshot the policy sees, its actions applied, attempts started."""
+
+    # wired by Service: the policy's preempt/migrate/resize actions are moves; a start that
+    # cannot reach its node loses the attempt; the snapshot carries the quotas
+    moves: Movers
+    agents: Losses
+    usage: Quotas
+
+    def __init__(self, core: Core, policy: Policy) -> None:
+        self.core = core
+        self.store = core.store
+        self.config = core.config
+        self.policy = policy
 
     def snapshot(self) -> Snapshot:
-        nodes_info = self.nodes()
+        nodes_info = self.core.nodes()
         nodes = tuple(
             NodeView(
                 name=n.name,
                 devices=tuple(d.index for d in n.devices),
                 used=dict(n.used),
-                schedulable=n.state == NodeState.READY and n.name in self.links,
+                schedulable=n.state == NodeState.READY and n.name in self.core.links,
             )
             for n in nodes_info
         )
@@ -51,9 +63,9 @@ class Scheduling:
                         attained_s=attained_s, ran_s=ran_s,
                         last_checkpoint_at=json.loads(row["last_checkpoint_json"] or "{}").get("time"),
                         placement=placement if JobState(row["state"]).holds_devices else {},
-                        nodes=exact_nodes.allowed(exact_nodes.recorded(row), nodes_info, self.fingerprints))
+                        nodes=exact_nodes.allowed(exact_nodes.recorded(row), nodes_info, self.core.fingerprints))
             )
-        return Snapshot(now=now, nodes=nodes, jobs=tuple(jobs), quotas=self.quotas())
+        return Snapshot(now=now, nodes=nodes, jobs=tuple(jobs), quotas=self.usage.quotas())
 
     def schedule_now(self) -> list[Action]:
         """One round: the policy's actions, applied in order.
@@ -78,14 +90,14 @@ class Scheduling:
                     held |= {(node, d) for node, devs in action.placement.items() for d in devs}
                 elif isinstance(action, Preempt) and not moving:
                     info = self.store.job_info(action.job_id)
-                    self.preempt(info.user, info.id, action.reason, by="scheduler", requeue=True)
+                    self.moves.preempt(info.user, info.id, action.reason, by="scheduler", requeue=True)
                 elif isinstance(action, Migrate) and not moving:
                     info = self.store.job_info(action.job_id)
-                    self.migrate(info.user, info.id, next(iter(action.placement)), action.reason, by="scheduler")
+                    self.moves.migrate(info.user, info.id, next(iter(action.placement)), action.reason, by="scheduler")
                 elif isinstance(action, Resize) and not moving:
                     info = self.store.job_info(action.job_id)
                     size = sum(len(d) for d in action.placement.values())
-                    self.resize(info.user, info.id, size, action.reason, by="scheduler", placement=action.placement)
+                    self.moves.resize(info.user, info.id, size, action.reason, by="scheduler", placement=action.placement)
             except ServiceError as exc:  # the world moved since the snapshot (a job ended meanwhile)
                 log.info("skipped %s for %s: %s", type(action).__name__, action.job_id, exc.message)
         return actions
@@ -94,9 +106,9 @@ class Scheduling:
         row = self.store.job_row(action.job_id)
         if row is None or JobState(row["state"]) != JobState.QUEUED:
             return
-        self._start_attempt(row, action.placement, action.reason, JobState.RUNNING)
+        self.start_attempt(row, action.placement, action.reason, JobState.RUNNING)
 
-    def _start_attempt(self, row, placement: dict[str, tuple[int, ...]], reason: str, state: JobState) -> None:
+    def start_attempt(self, row, placement: dict[str, tuple[int, ...]], reason: str, state: JobState) -> None:
         """Record a new attempt on ``placement`` and tell each agent involved to start its ranks.
 
         The attempt number fences everything the previous attempt's processes still send."""
@@ -120,9 +132,9 @@ class Scheduling:
         with self.store.tx():
             self.store.update_job(job_id, state=state.value, attempt=attempt, stop_reason=None, exited_json="{}",
                                   placement_json=json.dumps(placement_json), error=None, not_before=None)
-            ev = self._emit(job_id, EventType.SCHEDULED,
+            ev = self.core.emit(job_id, EventType.SCHEDULED,
                             {"attempt": attempt, "reason": reason, "placement": placement_json})
-        self._publish(row["user"], [ev])
+        self.core.publish(row["user"], [ev])
         # Rank 0 hosts the job's rendezvous: every rank, on any node, connects to its node's address.
         master_addr = next((n.address for n in self.store.nodes() if n.name == per_rank[0][0][0] and n.address),
                            "127.0.0.1")
@@ -142,9 +154,9 @@ class Scheduling:
                 checkpoint_every=every,
                 restore=bool(row["last_checkpoint_json"]), layout=layout,
             )
-            if not self._send(node, msg):
+            if not self.core.send(node, msg):
                 info = self.store.job_info(job_id)
-                self._job_lost(info, f"node {node} went away while the job was being started")
+                self.agents.job_lost(info, f"node {node} went away while the job was being started")
                 return
 
 

@@ -2,20 +2,18 @@
 
 No HTTP here. The web layer (``app.py``) turns requests into calls on :class:`Service`, and
 the agent channel turns WebSocket messages into ``agent_*`` calls. Every state change is
-written to the store together with the event that explains it, then published. The class is
-assembled from one module per concern: ``agent_side`` (what agents report), ``moves``
-(preempt, migrate, drain) and ``scheduling`` (rounds and placements).
+written to the store together with the event that explains it, then published. The service
+is composed of parts, one module each, that share one ``core.Core``: ``agent_side`` (what
+agents report), ``moves`` (preempt, migrate, resize, drain), ``scheduling`` (rounds and
+placements) and ``usage`` (quotas); what a job becomes on each event is ``lifecycle``'s.
 """
 from __future__ import annotations
 
 import base64
 import json
-import logging
 import secrets
 import time
-from typing import Any, Callable, Optional
-
-from pydantic import BaseModel
+from typing import Callable, Optional
 
 from singularity_sdk.protocol import (
     MAX_CODE_BYTES,
@@ -26,18 +24,14 @@ from singularity_sdk.protocol import (
     EventType,
     JobInfo,
     JobState,
-    NodeInfo,
-    NodeState,
     ResultPayload,
-    StopJob,
     SubmitRequest,
 )
 
 from . import lifecycle, ranks
 from .agent_side import AgentSide
-from .core import AgentLink, ServiceConfig, ServiceError
+from .core import AgentLink, Core, ServiceConfig, ServiceError
 from .credentials import ADMIN_ROLE, JOIN_ROLE, LEGACY_JOIN_ROLE, NODE_ROLE, USER_ROLE, node_user
-from .hub import Hub
 from .lifecycle import JobRecord
 from .moves import Moves
 from .scheduling import Policy, Scheduling, make_policy
@@ -46,52 +40,52 @@ from .usage import Usage
 
 __all__ = ["AgentLink", "Service", "ServiceConfig", "ServiceError"]
 
-log = logging.getLogger("singularity.server")
-#: What a user sees in ``nodes`` for a device held by another user's job.
-OTHER_JOB = "(other)"
 
+class Service:
+    """The service: users and jobs here; what agents report, moves, scheduling rounds and usage
+    in their own parts, which share one `Core` and reach each other only through the narrow
+    interfaces core.py declares."""
 
-class Service(AgentSide, Moves, Scheduling, Usage):
     def __init__(self, store: Store, config: ServiceConfig = ServiceConfig(), policy: Optional[Policy] = None):
-        self.store = store
-        self.config = config
-        self.policy = policy or make_policy(config)
-        self.hub = Hub()
-        self.links: dict[str, AgentLink] = {}
-        #: node -> when its agent's connection broke without a close frame (see check_nodes)
-        self.dropped: dict[str, float] = {}
-        #: node -> what a resumed job's result depends on there (versions, device model), from its hello
-        self.fingerprints: dict[str, dict[str, Any]] = {}
-        #: node -> the Ray node its agent was placed on (serve --ray fills it in)
-        self.ray_node_ids: dict[str, str] = {}
-        self._schedule_hook: Callable[[], None] = self.schedule_now
-        self._wake_at: Callable[[float], None] = lambda when: None
+        self.core = core = Core(store, config)
+        self.store, self.config, self.hub = store, config, core.hub
+        self.agents = AgentSide(core)
+        self.moves = Moves(core)
+        self.scheduling = Scheduling(core, policy or make_policy(config))
+        self.accounts = Usage(core)
+        # the parts' references to each other (each declares the interface it uses)
+        self.agents.moves = self.moves
+        self.moves.scheduling = self.scheduling
+        self.scheduling.moves, self.scheduling.agents, self.scheduling.usage = self.moves, self.agents, self.accounts
+        core.schedule = self.scheduling.schedule_now
+        # what the web layer and serve call, answered by each part
+        agents, moves = self.agents, self.moves
+        self.agent_hello, self.agent_events, self.agent_heartbeat = agents.agent_hello, agents.agent_events, agents.agent_heartbeat
+        self.agent_leaving, self.agent_disconnected = agents.agent_leaving, agents.agent_disconnected
+        self.check_moves, self.check_nodes = agents.check_moves, agents.check_nodes
+        self.preempt, self.resume, self.checkpoint = moves.preempt, moves.resume, moves.checkpoint
+        self.migrate, self.resize, self.drain, self.undrain = moves.migrate, moves.resize, moves.drain, moves.undrain
+        self.schedule_now, self.snapshot = self.scheduling.schedule_now, self.scheduling.snapshot
+        self.usage, self.set_quota, self.quotas = self.accounts.usage, self.accounts.set_quota, self.accounts.quotas
+        self.job, self.nodes = core.job, core.nodes
 
-    # ------------------------------------------------------------------ plumbing
+    @property
+    def links(self) -> dict[str, AgentLink]:
+        return self.core.links
+
+    @property
+    def ray_node_ids(self) -> dict[str, str]:
+        return self.core.ray_node_ids
+
+    @property
+    def policy(self) -> Policy:
+        return self.scheduling.policy
 
     def set_schedule_hook(self, hook: Callable[[], None], wake_at: Callable[[float], None]) -> None:
         """Lets the asyncio layer coalesce many triggers into one scheduling round, and run
         one at a given time (when a retry's backoff ends)."""
-        self._schedule_hook = hook
-        self._wake_at = wake_at
-
-    def _emit(self, job_id: str, type: EventType, data: dict[str, Any], when: Optional[float] = None) -> Event:
-        return self.store.append_event(job_id, type, data, when)
-
-    def _publish(self, user: str, events: list[Event]) -> None:
-        if events:
-            self.hub.publish(user, events)
-
-    def _send(self, node: str, message: BaseModel) -> bool:
-        link = self.links.get(node)
-        if link is None:
-            return False
-        try:
-            link.send(message)
-            return True
-        except Exception as exc:  # a dying socket must not break the caller's transaction
-            log.warning("could not send %s to %s: %s", type(message).__name__, node, exc)
-            return False
+        self.core.schedule = hook
+        self.core.wake_at = wake_at
 
     # ------------------------------------------------------------------ users
 
@@ -136,9 +130,6 @@ class Service(AgentSide, Moves, Scheduling, Usage):
 
     # ------------------------------------------------------------------ jobs: user side
 
-    def capacity(self) -> int:
-        return sum(len(n.devices) for n in self.store.nodes() if n.state != NodeState.DOWN)
-
     def submit(self, user: str, req: SubmitRequest) -> JobInfo:
         if (req.source is None) == (req.callable_b64 is None):
             raise ServiceError(422, "give exactly one of 'source' and 'callable_b64'", "source")
@@ -182,7 +173,7 @@ class Service(AgentSide, Moves, Scheduling, Usage):
                 413, f"the copy of the job's folder is {len(req.workdir_b64) * 3 / 4 / 2**20:.1f} MiB; the limit is "
                      f"{MAX_WORKDIR_BYTES / 2**20:.0f} MiB. Keep data sets out of the folder (read them from storage "
                      f"every node sees), or submit without a copy to nodes that share the folder", "workdir_b64")
-        cap = self.capacity()
+        cap = self.core.capacity()
         if cap and req.gpus > cap:
             nodes = self.store.nodes()
             shape = ", ".join(f"{n.name}: {len(n.devices)}" for n in nodes)
@@ -209,23 +200,15 @@ class Service(AgentSide, Moves, Scheduling, Usage):
                     created_at=now, updated_at=now,
                 )
             )
-            ev = self._emit(
+            ev = self.core.emit(
                 job_id, EventType.SUBMITTED,
                 {"user": user, "name": name, "gpus": req.gpus, "ranks": world, "sla": req.sla.value,
                  "kind": "source" if req.source is not None else "callable"},
                 now,
             )
-        self._publish(user, [ev])
-        self._schedule_hook()
+        self.core.publish(user, [ev])
+        self.core.schedule()
         return self.store.job_info(job_id)
-
-    def job(self, user: str, job_id: str) -> JobInfo:
-        info = self.store.job_info(job_id)
-        if info is None or info.user != user:
-            raise ServiceError(
-                404, f"no job '{job_id}' among {user}'s jobs; 'singularityctl jobs' lists them", "job_id"
-            )
-        return info
 
     def jobs(self, user: str, states: Optional[list[str]] = None) -> list[JobInfo]:
         if states:
@@ -263,31 +246,9 @@ class Service(AgentSide, Moves, Scheduling, Usage):
         data = {"by": user, "reason": reason or "cancelled by user"}
         with self.store.tx():
             job = JobRecord.from_row(self.store.job_row(job_id))
-            self._apply(job_id, lifecycle.on_cancel(job, time.time(), data),
-                        lambda t, d: events.append(self._emit(job_id, t, d)), followups)
-        self._publish(user, events)
+            self.agents.apply(job_id, lifecycle.on_cancel(job, time.time(), data),
+                        lambda t, d: events.append(self.core.emit(job_id, t, d)), followups)
+        self.core.publish(user, events)
         for fn in followups:
             fn()
         return self.store.job_info(job_id)
-
-    def _stop_everywhere(self, info: JobInfo, reason: str) -> None:
-        for p in info.placement:
-            self._send(p.node, StopJob(job_id=info.id, attempt=info.attempt, reason=reason,
-                                       grace_s=self.config.stop_grace_s))
-
-    # ------------------------------------------------------------------ nodes
-
-    def nodes(self, user: Optional[str] = None) -> list[NodeInfo]:
-        """The cluster's nodes; a device held by someone else's job shows as ``"(other)"`` unless
-        ``user`` is None (the admin), so job ids do not leak across users."""
-        used: dict[str, dict[int, str]] = {}
-        for info in self.store.list_jobs(states=[s.value for s in JobState if s.holds_devices]):
-            for p in info.placement:
-                for d in p.devices:
-                    used.setdefault(p.node, {})[d] = info.id if user in (None, info.user) else OTHER_JOB
-        out = []
-        for n in self.store.nodes():
-            n.used = used.get(n.name, {})
-            n.ray_node_id = self.ray_node_ids.get(n.name)
-            out.append(n)
-        return out

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from singularity_sdk.protocol import SLA
 
-from .core import ServiceError
+from .core import Core, ServiceError
 from .store import attained
 
 SCHEMA = """
@@ -28,7 +28,11 @@ TIERS = tuple(t.value for t in SLA)
 
 
 class Usage:
-    """Mixed into :class:`~backend.server.service.Service` (it has ``store``)."""
+    """Quotas per user and tier, and device-hours used."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.store = core.store
 
     def _quota_table(self) -> None:
         if not getattr(self, "_quotas_ready", False):
@@ -54,7 +58,7 @@ class Usage:
         else:
             self.store.db.execute("INSERT OR REPLACE INTO quotas (user, tier, devices) VALUES (?, ?, ?)",
                                   (user, tier, devices))
-        self._schedule_hook()  # jobs may change tier: a round sees it at once
+        self.core.schedule()  # jobs may change tier: a round sees it at once
         return {"user": user, "tier": tier, "devices": devices}
 
     def usage(self, user: Optional[str]) -> list[dict[str, Any]]:

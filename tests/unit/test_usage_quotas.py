@@ -7,18 +7,18 @@ import json
 import pytest
 
 from backend.server import store as store_module
-from backend.server.core import ServiceError
+from backend.server.core import Core, ServiceConfig, ServiceError
 from backend.server.store import Store
 from backend.server.usage import Usage
 
 
 class _Host(Usage):
-    """The part of the service that Usage needs: its store and the scheduling trigger."""
+    """Usage on a core of its own, counting the scheduling rounds it asks for."""
 
     def __init__(self, store: Store):
-        self.store = store
+        super().__init__(Core(store, ServiceConfig()))
         self.rounds = 0
-        self._schedule_hook = self._round
+        self.core.schedule = self._round
 
     def _round(self) -> None:
         self.rounds += 1
