@@ -3,6 +3,9 @@
 It keeps one WebSocket to the server. When the server goes away, workers keep running and
 events pile up in the outbox; on reconnect the agent says hello (with the jobs it still has),
 the server answers with the last sequence number it committed, and the rest is replayed.
+Workers run on a lease: when the agent has heard nothing from the server (no message, no answer
+to its pings) for longer than ``lease`` seconds, its jobs checkpoint at their next safe point and
+stop, as in a planned stop, and resume from that checkpoint once the server hears of it.
 """
 from __future__ import annotations
 
@@ -57,7 +60,7 @@ class Agent:
     def __init__(self, server: str, token: str, name: str, devices: list[DeviceInfo], home: Path,
                  checkpoint_root: Path, threads_per_slot: int = 1, orphan_timeout: Optional[float] = None,
                  store: Optional[str] = None, address: Optional[str] = None, ca: Optional[str] = None,
-                 stop_timeout: float = 30.0):
+                 stop_timeout: float = 30.0, lease: Optional[float] = None):
         self.url = server.rstrip("/").replace("http://", "ws://").replace("https://", "wss://") + API_PREFIX + "/agents/ws"
         self.token = token
         #: trusts the server's private CA when it serves TLS (--ca / SINGULARITY_CA)
@@ -68,6 +71,9 @@ class Agent:
         self.checkpoint_root = checkpoint_root
         self.threads_per_slot = threads_per_slot
         self.orphan_timeout = orphan_timeout
+        #: after this many seconds without hearing from the server, jobs checkpoint and stop
+        #: (None: they run on until the server is back or the orphan timeout)
+        self.lease = lease if lease and lease > 0 else None
         #: a planned stop waits this long for its jobs to checkpoint (see `_wind_down`)
         self.stop_timeout = stop_timeout
         self._stop_reason = "the node agent is stopping"
@@ -94,7 +100,8 @@ class Agent:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._ws: Optional[ClientConnection] = None
-        self._last_connected = time.time()
+        #: when the server last answered (any message, or a pong to a ping)
+        self._last_heard = time.time()
 
     # ------------------------------------------------------------------ events out
 
@@ -123,6 +130,7 @@ class Agent:
                 self.spawner = None
         backoff = 0.1
         stopper = asyncio.create_task(self._wind_down())
+        lease_watch = asyncio.create_task(self._watch_lease()) if self.lease is not None else None
         while not stopper.done():
             try:
                 async with connect(self.url, additional_headers={"Authorization": f"Bearer {self.token}"},
@@ -137,14 +145,18 @@ class Agent:
                     break
                 log.info("server unreachable (%s); retrying in %.1fs", type(exc).__name__, backoff)
             self._ws = None
-            if self.orphan_timeout is not None and time.time() - self._last_connected > self.orphan_timeout:
-                log.warning("no server for %.0fs: stopping workers and exiting", self.orphan_timeout)
-                break
+            if self.orphan_timeout is not None and time.time() - self._last_heard > self.orphan_timeout \
+                    and not self._stop.is_set():
+                log.warning("no server for %.0fs: jobs checkpoint and stop, and the agent exits", self.orphan_timeout)
+                self._stop_reason = f"the node agent had no server for {self.orphan_timeout:g} s"
+                self._stop.set()
             try:
                 await asyncio.wait_for(asyncio.shield(stopper), backoff)
             except asyncio.TimeoutError:
                 pass
             backoff = min(backoff * 2, 2.0)
+        if lease_watch is not None:
+            lease_watch.cancel()
         await self.shutdown()
 
     async def _session(self, ws: ClientConnection, stopper: asyncio.Task) -> None:
@@ -157,7 +169,7 @@ class Agent:
         self.heartbeat_s = welcome.heartbeat_s
         self.outbox.connected(welcome.acked_seq)
         self._ws = ws
-        self._last_connected = time.time()
+        self._last_heard = time.time()
         log.info("connected to %s as %s; replaying %d buffered events", self.url, self.name, len(self.outbox))
         tasks = [asyncio.create_task(self._sender(ws)), asyncio.create_task(self._receiver(ws)),
                  asyncio.create_task(self._heartbeats(ws))]
@@ -183,11 +195,39 @@ class Agent:
     async def _heartbeats(self, ws: ClientConnection) -> None:
         while True:
             await ws.send(AgentHeartbeat(time=time.time(), running=self.known_jobs()).model_dump_json())
-            self._last_connected = time.time()
+            # A sent heartbeat proves nothing (a stopped or partitioned server's socket takes it):
+            # the server's pong does, and keeps the lease.
+            pong = await ws.ping()
+            pong.add_done_callback(self._pong)
             await asyncio.sleep(self.heartbeat_s)
+
+    def _pong(self, pong: "asyncio.Future[float]") -> None:
+        if not pong.cancelled() and pong.exception() is None:
+            self._last_heard = max(self._last_heard, time.time())
+
+    async def _watch_lease(self) -> None:
+        """Workers run on a lease: once the server has been silent for longer than ``lease``, every
+        job here checkpoints at its next safe point and stops (a planned stop: the exit and the
+        checkpoint wait in the outbox), so it resumes from there, not from an older checkpoint,
+        once the server is back; the agent itself stays and keeps trying to reconnect."""
+        assert self.lease is not None
+        while True:
+            await asyncio.sleep(min(0.25, self.lease / 4))
+            silent = time.time() - self._last_heard
+            if silent <= self.lease:
+                continue
+            runs = [r for r in self.runs.values()
+                    if not r.done.is_set() and r.planned_stop is None and r.stopping is None]
+            if not runs:
+                continue
+            reason = f"the node agent has not heard from the server for {silent:.0f} s (lease {self.lease:g} s)"
+            log.warning("%s: %d job(s) checkpoint and stop", reason, len(runs))
+            for r in runs:
+                asyncio.create_task(r.stop_at_checkpoint(reason, self.stop_timeout))
 
     async def _receiver(self, ws: ClientConnection) -> None:
         async for raw in ws:
+            self._last_heard = time.time()
             try:
                 msg = server_message_adapter.validate_json(raw)
             except ValidationError as exc:
@@ -343,7 +383,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--checkpoint-root", type=Path, default=None)
     p.add_argument("--threads-per-slot", type=int, default=1)
     p.add_argument("--orphan-timeout", type=float, default=None,
-                   help="exit (stopping workers) after this many seconds without a server")
+                   help="exit after this many seconds without a server (its jobs checkpoint and stop first)")
+    p.add_argument("--lease", type=float, default=float(os.environ.get("SINGULARITY_AGENT_LEASE", "10")),
+                   metavar="SECONDS",
+                   help="after this many seconds without hearing from the server, jobs checkpoint and stop, "
+                        "to resume from there once the server is back (default 10, the server's default "
+                        "--node-timeout: keep it at most that; 0: never)")
     p.add_argument("--stop-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM, how long jobs have to checkpoint before they are ended (default 30)")
     p.add_argument("--store", default=None, metavar="URL",
@@ -364,5 +409,5 @@ def main(argv: Optional[list[str]] = None) -> None:
         raise SystemExit(f"singularityctl agent: {exc}") from None
     agent = Agent(args.server, token, args.name, discover(args.devices), home,
                   args.checkpoint_root or base / "checkpoints", args.threads_per_slot, args.orphan_timeout,
-                  args.store, args.address, args.ca, args.stop_timeout)
+                  args.store, args.address, args.ca, args.stop_timeout, args.lease)
     asyncio.run(agent.run())

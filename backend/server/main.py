@@ -88,7 +88,8 @@ def _alive_agent(pid_file: Path) -> Optional[int]:
 
 
 def start_local_agents(home: Path, url: str, db: Store, nodes: int, devices: Optional[int],
-                       store: Optional[str] = None, ca: Optional[str] = None, stop_timeout: float = 30.0) -> list[int]:
+                       store: Optional[str] = None, ca: Optional[str] = None, stop_timeout: float = 30.0,
+                       lease: Optional[float] = None) -> list[int]:
     """Start (or adopt, after a restart) one agent process per local node.
 
     Without a store they share ``home/checkpoints``; with one, each keeps its own cache, as
@@ -106,6 +107,8 @@ def start_local_agents(home: Path, url: str, db: Store, nodes: int, devices: Opt
             cmd = [sys.executable, "-m", "backend.agent", "--server", url, "--name", name,
                    "--home", str(agents_dir / name), "--checkpoint-root", str(ckpt_root), "--orphan-timeout", "60",
                    "--stop-timeout", f"{stop_timeout:g}"]
+            if lease is not None:  # a partitioned agent's jobs stop by the time this server gives up on it
+                cmd += ["--lease", f"{lease:g}"]
             if store:
                 cmd += ["--store", store]
             if ca:
@@ -180,7 +183,8 @@ async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int =
     })
     log.info("serving on %s (home %s)", url, home)
     agent_pids = start_local_agents(home, url, store, nodes, devices_per_node, store_url,
-                                    str(Path(ca).resolve()) if ca else None, stop_timeout) if nodes else []
+                                    str(Path(ca).resolve()) if ca else None, stop_timeout,
+                                    config.node_timeout_s) if nodes else []
     ray_placer, ray_task = None, None
     if ray_address:  # Ray is imported only on this path (an optional extra)
         from backend.ray_cluster.loop import keep_agents
@@ -206,6 +210,12 @@ async def serve(home: Path, host: str = "127.0.0.1", port: int = 0, nodes: int =
             except Exception:
                 log.exception("node check failed")
 
+    # A restarted server gives every node a full node timeout to reconnect: its silence is
+    # counted from now, not from the last heartbeat the previous server recorded.
+    with store.tx():
+        for n in store.nodes():
+            if n.state not in (NodeState.LOST, NodeState.DOWN):
+                store.set_node(n.name, heartbeat_at=max(n.heartbeat_at or 0.0, time.time()))
     watcher = asyncio.create_task(watch_nodes())
     service.schedule_now()
     await stop.wait()

@@ -1,0 +1,52 @@
+"""Workers run on a lease (issue 13): a worker whose agent has not heard from the server for
+longer than the lease checkpoints at its next safe point and stops by itself, and the job resumes
+from that checkpoint once the server is back, its output identical to an uninterrupted run's."""
+from __future__ import annotations
+
+import time
+
+from exactness import source
+from processes import pid_alive
+from singularity_sdk import EventType, JobState, LocalCluster
+
+PROGRAM = source("steady_rng.py")
+ENV = {"STEPS": "120"}  # ~6 s: still running when a 3 s lease runs out
+
+
+def _events(job):
+    return list(job.events(follow=False))
+
+
+def test_a_worker_whose_agent_lost_the_server_checkpoints_stops_and_resumes_exactly(tmp_path):
+    # local agents get the server's node timeout as their lease
+    with LocalCluster(nodes=1, devices_per_node=1, home=tmp_path / "home", node_timeout=3) as cluster:
+        with cluster.client() as c:
+            plain = c.submit(PROGRAM, name="plain", env=ENV)
+            assert plain.wait(120) == JobState.SUCCEEDED
+            logs, value = plain.logs(), plain.result()
+            job = c.submit(PROGRAM, name="partitioned", env=ENV)
+            deadline = time.monotonic() + 90
+            while sum(e.type == EventType.LOG for e in _events(job)) < 8:
+                assert time.monotonic() < deadline, job.refresh().state
+                time.sleep(0.1)
+            pid = int([e for e in _events(job) if e.type == EventType.STARTED][-1].data["pids"]["0"])
+        cluster.kill_server()  # the agent and its worker stay, and hear nothing from now on
+        deadline = time.monotonic() + 60
+        while pid_alive(pid):  # the lease runs out: the worker checkpoints and stops by itself
+            assert time.monotonic() < deadline, "the worker outlived its lease"
+            time.sleep(0.1)
+        cluster.restart_server()
+        with cluster.client() as c:
+            job = c.get(job.id)
+            assert job.wait(120) == JobState.SUCCEEDED, job.info.error
+            evs = _events(job)
+            stopped = next(e.data for e in evs if e.type == EventType.PREEMPTED)
+            assert stopped["requeue"] and "lease" in stopped["reason"] and stopped["step"] > 0
+            # a planned stop, not a crash: nothing to retry, no line to supersede
+            assert not [e for e in evs if e.type in (EventType.RETRYING, EventType.NODE_LOST, EventType.SUPERSEDED)]
+            # the next attempt resumed from the checkpoint the lease's stop took
+            last = [e.data for e in evs if e.type == EventType.CHECKPOINTED][-1]
+            resumed = next(e.data for e in evs if e.type == EventType.RESUMED)
+            assert resumed["step"] == stopped["step"] == last["step"]
+            assert job.refresh().info.attempt == 2
+            assert job.logs() == logs and job.result() == value
