@@ -59,6 +59,12 @@ class BaseClient:
             "or point SINGULARITY_URL at a running server."
         )
 
+    def raise_if_refused(self, status: int, body: Optional[bytes]) -> None:
+        """A WebSocket handshake refused for good (401, 403, 404) raises what the same HTTP call
+        would; any other status is transient (the caller reconnects)."""
+        if status in (401, 403, 404):
+            self.check(httpx.Response(status, content=body or b"", headers={"content-type": "application/json"}))
+
     @staticmethod
     def check(response: httpx.Response) -> Any:
         if response.status_code < 400:
@@ -252,6 +258,16 @@ class JobBase:
         import cloudpickle
 
         return cloudpickle.loads(base64.b64decode(blob))
+
+
+def reconnect_pauses(backoff: float, tick_s: float) -> list[float]:
+    """The sleeps before a follower reconnects: ``backoff`` in all, in steps of at most
+    ``tick_s`` (between which it yields an empty batch, so its caller can stop)."""
+    steps = []
+    while backoff > 1e-9:
+        steps.append(min(tick_s, backoff))
+        backoff -= steps[-1]
+    return steps
 
 
 def control_done(job_id: str, goal: EventType, ev: "Event") -> bool:

@@ -10,7 +10,7 @@ import httpx
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase, checkpoint_bound, control_done
+from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase, checkpoint_bound, control_done, reconnect_pauses
 from . import metrics
 from .errors import WaitTimeout
 from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
@@ -112,16 +112,12 @@ class Job(JobBase):
                         if any(ev.type in TERMINAL_EVENTS for ev in batch):
                             return
             except InvalidStatus as exc:
-                if exc.response.status_code in (401, 403, 404):
-                    self._client.check(httpx.Response(exc.response.status_code, content=exc.response.body or b"",
-                                                      headers={"content-type": "application/json"}))
+                self._client.raise_if_refused(exc.response.status_code, exc.response.body)
             except (OSError, ConnectionClosed, TimeoutError):
                 pass
-            waited = 0.0
-            while waited < backoff:  # reconnect after a pause, ticking meanwhile
+            for pause in reconnect_pauses(backoff, tick_s):
                 yield []
-                time.sleep(min(tick_s, backoff - waited))
-                waited += tick_s
+                time.sleep(pause)
             backoff = min(backoff * 2, 5.0)
 
     def metrics(self, *, rank: Optional[int] = 0, printed: bool = True, as_frame: bool = False) -> Any:

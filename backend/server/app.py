@@ -292,9 +292,12 @@ class AuthedSocket(tornado.websocket.WebSocketHandler):
             raise ServiceError(403, "a node agent's credential opens only the agent channel")
 
     def send_json(self, payload: Any) -> None:
+        self.send_text(json.dumps(payload))
+
+    def send_text(self, text: str) -> None:
         if self.ws_connection is None or self.ws_connection.is_closing():
             return
-        self.write_message(json.dumps(payload))
+        self.write_message(text)
 
 
 class JobEventsSocket(AuthedSocket):
@@ -321,10 +324,10 @@ class JobEventsSocket(AuthedSocket):
             last = ev.seq
         self.last = last
 
-        def push(ev: Event) -> None:
+        def push(ev: Event, text: str) -> None:
             if ev.seq > self.last:
                 self.last = ev.seq
-                self.send_json(_dump(ev))
+                self.send_text(text)
 
         self.unsubscribe = self.service.hub.subscribe_job(job_id, push)
 
@@ -342,7 +345,7 @@ class UserEventsSocket(AuthedSocket):
     unsubscribe = None
 
     def open(self) -> None:
-        self.unsubscribe = self.service.hub.subscribe_user(self.user, lambda ev: self.send_json(_dump(ev)))
+        self.unsubscribe = self.service.hub.subscribe_user(self.user, lambda ev, text: self.send_text(text))
 
     def on_message(self, message: Any) -> None:
         pass
