@@ -3,7 +3,11 @@ longer than the lease checkpoints at its next safe point and stops by itself, an
 from that checkpoint once the server is back, its output identical to an uninterrupted run's."""
 from __future__ import annotations
 
+import os
+import signal
 import time
+
+import pytest
 
 from exactness import source
 from processes import pid_alive
@@ -17,25 +21,43 @@ def _events(job):
     return list(job.events(follow=False))
 
 
-def test_a_worker_whose_agent_lost_the_server_checkpoints_stops_and_resumes_exactly(tmp_path):
+@pytest.fixture(scope="module")
+def plain():
+    with LocalCluster(nodes=1, devices_per_node=1) as cluster, cluster.client() as c:
+        job = c.submit(PROGRAM, name="plain", env=ENV)
+        assert job.wait(120) == JobState.SUCCEEDED
+        return job.logs(), job.result()
+
+
+@pytest.mark.parametrize("partition", ["killed", "stopped"])
+def test_a_worker_whose_agent_lost_the_server_checkpoints_stops_and_resumes_exactly(tmp_path, plain, partition):
+    """``killed``: the server is killed and started again later; ``stopped``: it is frozen
+    (SIGSTOP), its connections open but silent, as behind a partition, then thawed."""
+    logs, value = plain
     # local agents get the server's node timeout as their lease
     with LocalCluster(nodes=1, devices_per_node=1, home=tmp_path / "home", node_timeout=3) as cluster:
         with cluster.client() as c:
-            plain = c.submit(PROGRAM, name="plain", env=ENV)
-            assert plain.wait(120) == JobState.SUCCEEDED
-            logs, value = plain.logs(), plain.result()
             job = c.submit(PROGRAM, name="partitioned", env=ENV)
             deadline = time.monotonic() + 90
             while sum(e.type == EventType.LOG for e in _events(job)) < 8:
                 assert time.monotonic() < deadline, job.refresh().state
                 time.sleep(0.1)
             pid = int([e for e in _events(job) if e.type == EventType.STARTED][-1].data["pids"]["0"])
-        cluster.kill_server()  # the agent and its worker stay, and hear nothing from now on
-        deadline = time.monotonic() + 60
-        while pid_alive(pid):  # the lease runs out: the worker checkpoints and stops by itself
-            assert time.monotonic() < deadline, "the worker outlived its lease"
-            time.sleep(0.1)
-        cluster.restart_server()
+        server = cluster.proc.pid
+        if partition == "killed":
+            cluster.kill_server()  # the agent and its worker stay, and hear nothing from now on
+        else:
+            os.kill(server, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 60
+            while pid_alive(pid):  # the lease runs out: the worker checkpoints and stops by itself
+                assert time.monotonic() < deadline, "the worker outlived its lease"
+                time.sleep(0.1)
+        finally:
+            if partition == "stopped":
+                os.kill(server, signal.SIGCONT)
+        if partition == "killed":
+            cluster.restart_server()
         with cluster.client() as c:
             job = c.get(job.id)
             assert job.wait(120) == JobState.SUCCEEDED, job.info.error
