@@ -322,3 +322,34 @@ def reduce(obj: Any) -> Any:
     if type(shared) is dict and getattr(obj, "__dict__", None) is shared:
         return _shared_state_instance, (t,), dict(shared)
     return NotImplemented
+
+
+# --------------------------------------------------------------------------- a one-rank job's process group
+class ProcessGroupMarker:
+    """Stands, in a checkpoint, for "a default process group existed": loading it creates one.
+
+    accelerate, in a job's process (``LOCAL_RANK`` is set), initialises a one-process gloo group
+    and wraps the model in ``DistributedDataParallel``, whose unpickling needs the group. A
+    data-parallel job's worker creates the group before the load; a one-rank job's would not.
+    """
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+
+    @classmethod
+    def now(cls) -> Optional["ProcessGroupMarker"]:
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        return cls(str(dist.get_backend()))
+
+    def __reduce__(self) -> tuple:
+        return ensure_process_group, (self.backend,)
+
+
+def ensure_process_group(backend: str) -> None:
+    """Create the default process group (env:// rendezvous) unless one exists (see `ProcessGroupMarker`)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend if backend in ("gloo", "nccl", "mpi") else None)

@@ -323,6 +323,11 @@ class _Rewriter:
                     body=_rt_call("reenter", _const(info.id), copy.deepcopy(original.func)),
                     orelse=node)
                 _fill_locations(new, original)
+                # `__sg_rt__.reenter` on the call's first line: for a call spanning lines, Python
+                # would otherwise move the method call's start to the attribute's last line, and
+                # the re-entered frame would no longer be found at its call site (`frames`)
+                for part in (new.body.func, new.body.func.value):
+                    part.end_lineno, part.end_col_offset = original.lineno, original.col_offset
                 return new
 
         new_stmt = Sites().visit(s)

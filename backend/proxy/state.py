@@ -485,6 +485,9 @@ def _graph(rt: "Runtime", position: list[dict], namespace: dict, saved_locals: O
         "format": GRAPH_FORMAT,
         "program": rt.program.identity,
         "step": rt.step,
+        # before anything that may hold a DDP module: a group the program (or a library such as
+        # accelerate, in a one-rank job) created is created again first, as the load meets this
+        "process_group": libraries.ProcessGroupMarker.now(),
         "position": position,
         "namespace": namespace if in_locals else _without(namespace, rebuild),
         "locals": _without(saved_locals, rebuild) if in_locals else None,
