@@ -18,7 +18,7 @@ setup: $(BIN)/activate
 		  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; }; } >/dev/null 2>&1; } || \
 		echo "bubblewrap (bwrap) is not installed: jobs will run without a sandbox (see docs/security.md)"
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q -c constraints.txt torch
-	$(BIN)/pip install -q -e '.[test,ray]'
+	$(BIN)/pip install -q -e '.[test,ray,trainers]'
 
 demo: setup
 	$(BIN)/singularityctl demo

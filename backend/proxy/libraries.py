@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import os
 import sys
 import types
-import warnings
 import weakref
 import zlib
 from typing import Any, Iterable, Optional, Sequence
@@ -86,7 +86,7 @@ class _RewritingLoader(importlib.machinery.SourceFileLoader):
 
     def get_code(self, fullname: str) -> types.CodeType:  # type: ignore[override]
         path = self.get_filename(fullname)
-        source = importlib.util.decode_source(self.get_data(path))  # type: ignore[attr-defined]
+        source = importlib.util.decode_source(self.get_data(path))
         base = base_of(fullname)
         owner = REGISTRY.bases.get(base)
         if owner is not None and owner != fullname:
@@ -98,9 +98,8 @@ class _RewritingLoader(importlib.machinery.SourceFileLoader):
         return compile(rewritten.tree, path, "exec", dont_inherit=True)
 
     def exec_module(self, module: types.ModuleType) -> None:
-        from .runtime import DORMANT
-
-        module.__dict__[RT] = REGISTRY.runtime if REGISTRY.runtime is not None else DORMANT
+        if REGISTRY.runtime is not None:  # else the name resolves through builtins to the dormant runtime
+            module.__dict__[RT] = REGISTRY.runtime
         code = self.get_code(module.__name__)
         rewritten = getattr(self, "_rewritten", None)
         if rewritten is not None:
@@ -130,10 +129,10 @@ _finder = _Finder()
 
 
 def install(names: Optional[Iterable[str]] = None) -> None:
-    """Rewrite ``names`` (default: `modules_from_env`) when they are imported from now on."""
-    from .runtime import install_dormant
+    """Rewrite ``names`` (default: `modules_from_env`) when they are imported from now on.
 
-    install_dormant()
+    The caller has made the dormant runtime resolvable (`runtime.install_dormant`): functions of
+    these modules find it through builtins while no program runs."""
     wanted = list(modules_from_env() if names is None else names)
     for name in wanted:
         if name in sys.modules and name not in REGISTRY.modules:
@@ -145,12 +144,14 @@ def install(names: Optional[Iterable[str]] = None) -> None:
 
 
 def bind(runtime: Any) -> None:
-    """Point the rewritten modules at ``runtime`` (the program's, while it runs), or the dormant one."""
-    from .runtime import DORMANT
-
+    """Point the rewritten modules at ``runtime`` (the program's, while it runs), or (None) at the
+    dormant one, which their functions then find through builtins."""
     REGISTRY.runtime = runtime
     for module in REGISTRY.modules.values():
-        module.__dict__[RT] = runtime if runtime is not None else DORMANT
+        if runtime is not None:
+            module.__dict__[RT] = runtime
+        else:
+            module.__dict__.pop(RT, None)
 
 
 # --------------------------------------------------------------------------- accelerate's DataLoaderShard
@@ -268,17 +269,6 @@ def _restore_shard_iterator(loader: Any, first: Optional[tuple], yielded: int) -
     if original is None:  # pragma: no cover - the class is patched when its module is imported
         raise RuntimeError("accelerate's DataLoaderShard was imported before the job's engine started")
     return ShardIterator(loader, original, first, yielded)
-
-
-def unreached(names: Iterable[str] = ()) -> dict[str, str]:
-    """Named modules that are not rewritten, and why (for the job's log)."""
-    return {n: REGISTRY.skipped[n] for n in names if n in REGISTRY.skipped}
-
-
-def warn_skipped() -> None:
-    for name, why in REGISTRY.skipped.items():
-        warnings.warn(f"library module {name} is not rewritten ({why}): its loops are no safe points",
-                      RuntimeWarning, stacklevel=2)
 
 
 # --------------------------------------------------------------------------- pickling library objects
