@@ -51,9 +51,14 @@ def after_restore(db: sqlite3.Connection, job_id: str, attempt: int, resumed: di
     mine = [(seq, d) for seq, d in mine if d.get("rank", 0) == rank]
     found = next(((seq, d) for seq, d in mine if path and d.get("path") == path), None) \
         or next(((seq, d) for seq, d in mine if step is not None and d.get("step") == step), None)
-    if found is None:
+    if found is not None:
+        match = _started(db, job_id, rank, found[1].get("step"), found[0]) or found[0]
+    elif step is not None and (started := _started(db, job_id, rank, step, before)) is not None:
+        # The checkpoint was committed but its report never came (the node died in between):
+        # the rank took the state it restored where it reported starting that checkpoint.
+        match = started
+    else:
         return None
-    match = _started(db, job_id, rank, found[1].get("step"), found[0]) or found[0]
     lines = _count(db, job_id, [rank], match, before)
     if not lines:
         return None
