@@ -19,6 +19,8 @@ from typing import Any, Optional
 EXIT_PREEMPTED = 75
 #: the rank ended at the agent's ``exit`` request (cancel, or the job failed on another rank)
 EXIT_STOPPED = 143
+#: a collective failed (a peer died) and could not be reported softly: the attempt crashed
+EXIT_COLLECTIVE_FAILED = 70
 
 # ---------------------------------------------------------------------------- environment
 # Set by the agent for every rank (besides RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
@@ -35,7 +37,7 @@ ENV_CHECKPOINT_DIR = "SINGULARITY_CHECKPOINT_DIR"
 ENV_THREADS = "SINGULARITY_THREADS"
 #: the cores of the rank's CPU slot ("0,1"); pinned by backend/proxy/launch.py: pin_to_slot
 ENV_CPUS = "SINGULARITY_CPUS"
-#: ranks grouped by the device they share ("0,1|2,3"; backend/proxy/placement.py)
+#: ranks grouped by the device they share ("0,1|2,3"; backend/proxy/layout.py)
 ENV_PLACEMENT = "SINGULARITY_PLACEMENT"
 #: where synced copies of jobs' folders live on this node (backend/worker/workdir.py)
 ENV_WORKDIR_ROOT = "SINGULARITY_WORKDIR_ROOT"

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backend.proxy.launch import launch, shared_warm_server  # noqa: E402
-from backend.proxy.placement import Placement  # noqa: E402
+from backend.proxy.layout import RankLayout  # noqa: E402
 
 MARK = "BENCH_COLLECTIVES "
 
@@ -107,7 +107,7 @@ def allreduce_table(worlds: list[int], sizes: list[float], seconds: float, scrip
     print(f"{'W':>2} {'MB':>6} {'gloo ms':>9} {'plain ms':>9} {'exact ms':>9} {'plain/gloo':>10} "
           f"{'exact/gloo':>10} {'exact GB/s':>10}")
     for world in worlds:
-        reports = _reports(launch(script, Placement.one_per_slot(world), warm=shared_warm_server(), timeout=600,
+        reports = _reports(launch(script, RankLayout.one_per_slot(world), warm=shared_warm_server(), timeout=600,
                                   args=[",".join(str(s) for s in sizes), str(seconds)]))
         for mb in sizes:
             med = {k: statistics.median(rep[str(mb)][k] for rep in reports) for k in ("gloo", "plain", "exact")}
@@ -126,7 +126,7 @@ def splice_table(script: Path, steps: int) -> None:
             slots = world // per_slot
             if per_slot > world or slots > ncpu or world % per_slot:
                 continue
-            placement = Placement.contiguous(world, per_slot)
+            placement = RankLayout.contiguous(world, per_slot)
             for turns in ("1", "0") if per_slot > 1 else ("1",):
                 reports = _reports(launch(script, placement, args=[str(steps)], warm=shared_warm_server(),
                                           timeout=600, cpus_per_slot=1, env={"SINGULARITY_TURNS": turns}))

@@ -40,11 +40,13 @@ import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import AllgatherOptions
 from torch.futures import Future
 
+from backend.contract import EXIT_COLLECTIVE_FAILED
+
 from . import exact
 from .cut import ConsistentCut, default_cut
-from .placement import Placement
+from .layout import RankLayout
 from .splice import TurnRing
-from .work import EXIT_COLLECTIVE_FAILED, CudaFence, FutureWork, Job, Worker
+from .work import CollectiveThread, CudaFence, FutureWork, QueuedCollective
 
 __all__ = ["BACKEND_NAME", "EXIT_COLLECTIVE_FAILED", "Options", "SingularityProcessGroup", "default_group",
            "inner_backends", "install", "register", "restore_process_group", "uninstall"]
@@ -124,7 +126,7 @@ class SingularityProcessGroup(dist.ProcessGroup):
     """One rank's view of a job's collectives: logical ranks outside, placement inside."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta, inner: dict[str, str],
-                 placement: Placement, reduction: str = "exact", cut: Optional[ConsistentCut] = None,
+                 placement: RankLayout, reduction: str = "exact", cut: Optional[ConsistentCut] = None,
                  wrapped: str = "gloo", turns: bool = False, job_turns: Optional[TurnRing] = None) -> None:
         super().__init__(rank, size)
         if placement.world_size != size:
@@ -165,7 +167,7 @@ class SingularityProcessGroup(dist.ProcessGroup):
         self._buffers = exact.Buffers()
         self._issue_lock = threading.Lock()
         self._cut = cut
-        self._worker = Worker(f"singularity-pg-{rank}", cut._resolve if cut is not None else None)
+        self._worker = CollectiveThread(f"singularity-pg-{rank}", cut._resolve if cut is not None else None)
         self._turns: Optional[TurnRing] = None
         #: a subgroup of a spliced job yields the default group's ring (it never splits a slot)
         self._job_turns = job_turns
@@ -221,7 +223,7 @@ class SingularityProcessGroup(dist.ProcessGroup):
                 raise RuntimeError("this process group was shut down")
             flagged = flagged and self._cut is not None
             bits = self._cut._outgoing() if flagged else 0  # type: ignore[union-attr]
-            self._worker.submit(Job(run, work, list(outputs if outputs is not None else tensors), flagged,
+            self._worker.submit(QueuedCollective(run, work, list(outputs if outputs is not None else tensors), flagged,
                                      bits, fence))
         ring = self._turns if self._turns is not None else self._job_turns
         if ring is not None:
@@ -601,7 +603,7 @@ def _create(dist_opts: Any, options: Any) -> SingularityProcessGroup:
     members = list(dist_opts.global_ranks_in_group or range(dist_opts.group_size))
     is_default = not dist.is_initialized()
     world = dist_opts.group_size if is_default else dist.get_world_size()
-    placement = Placement.from_env(world)
+    placement = RankLayout.from_env(world)
     if not is_default:
         placement = placement.restrict(members)
     timeout = dist_opts.timeout if isinstance(dist_opts.timeout, timedelta) else timedelta(minutes=30)

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from backend.contract import ENV_CPUS, ENV_PLACEMENT, ENV_THREADS, EXIT_PREEMPTED
 
-from .placement import Placement
+from .layout import RankLayout
 
 #: test hook "RANK:SECONDS:THEN": that rank alone asks for a checkpoint after SECONDS
 TEST_REQUEST_ENV = "SINGULARITY_TEST_REQUEST"
@@ -45,7 +45,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def slot_cpus(placement: Placement, per_slot: int, cpus: Optional[Sequence[int]] = None) -> list[list[int]]:
+def slot_cpus(placement: RankLayout, per_slot: int, cpus: Optional[Sequence[int]] = None) -> list[list[int]]:
     """CPU cores of each slot: ``per_slot`` consecutive cores per slot (a CPU slot is a "device")."""
     cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
     if per_slot * len(placement.slots) > len(cpus):
@@ -53,7 +53,7 @@ def slot_cpus(placement: Placement, per_slot: int, cpus: Optional[Sequence[int]]
     return [cpus[i * per_slot:(i + 1) * per_slot] for i in range(len(placement.slots))]
 
 
-def rank_env(rank: int, placement: Placement, master_port: int, master_addr: str = "127.0.0.1",
+def rank_env(rank: int, placement: RankLayout, master_port: int, master_addr: str = "127.0.0.1",
              threads: int = 1, cpus: Optional[Sequence[int]] = None) -> dict[str, str]:
     """torchrun's variables for one logical rank, plus placement, thread count and CPU cores."""
     env = {"RANK": str(rank), "WORLD_SIZE": str(placement.world_size), "MASTER_ADDR": master_addr,
@@ -240,7 +240,7 @@ class _Proc:
         return rc, texts[0], texts[1]
 
 
-def launch(script: Path, placement: Placement, args: Sequence[str] = (), env: Optional[dict[str, str]] = None,
+def launch(script: Path, placement: RankLayout, args: Sequence[str] = (), env: Optional[dict[str, str]] = None,
            timeout: float = 120.0, threads: int = 1, reduction: Optional[str] = None,
            warm: Optional[WarmServer] = None, launcher_args: Sequence[str] = (),
            cpus_per_slot: Optional[int] = None, python: str = sys.executable) -> list[RankResult]:

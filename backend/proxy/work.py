@@ -20,12 +20,11 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-#: exit code of a rank whose failed collective could not be reported softly (see FutureWork)
-EXIT_COLLECTIVE_FAILED = 70
+from backend.contract import EXIT_COLLECTIVE_FAILED
 
 
 @dataclass
-class Job:
+class QueuedCollective:
     """One queued collective: ``run(bits_in) -> (future value, bits_out)`` on the worker thread."""
 
     run: Callable[[int], tuple[Any, int]]  # flag bits in -> (future value, flag bits out)
@@ -119,11 +118,11 @@ class CudaFence:  # CUDA only; not yet run on a GPU
             torch.cuda.current_stream(d).wait_event(ev)
 
 
-class Worker:
+class CollectiveThread:
     """Runs a group's collectives one at a time, in issue order, and completes their futures."""
 
     def __init__(self, name: str, on_flag: Optional[Callable[[int], None]]) -> None:
-        self._queue: "queue.SimpleQueue[Optional[Job]]" = queue.SimpleQueue()
+        self._queue: "queue.SimpleQueue[Optional[QueuedCollective]]" = queue.SimpleQueue()
         self._on_flag = on_flag
         self._cond = threading.Condition()
         self._submitted = 0
@@ -132,7 +131,7 @@ class Worker:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: QueuedCollective) -> None:
         with self._cond:
             self._submitted += 1
         self._queue.put(job)

@@ -22,7 +22,7 @@ import torch
 from backend.proxy.digest import of_bytes as digest_of_bytes
 from backend.proxy import dedup
 from backend.proxy.launch import EXIT_PREEMPTED, RankResult, launch, shared_warm_server
-from backend.proxy.placement import Placement
+from backend.proxy.layout import RankLayout
 from backend.proxy.store import BLOB_DIR, CheckpointDamaged, CheckpointStore, RankFile
 
 # 12 top-level statements before the loop: the loop's first safe point is step 13, so a stop at
@@ -61,7 +61,7 @@ PER_RANK_ALLOWANCE = 64 * 1024  # a rank file (graph + tensor references) and it
 def run_job(script: Path, world: int, ckpt: Path, restore: bool = False,
             request: Optional[str] = None) -> list[RankResult]:
     env = {"SINGULARITY_TEST_REQUEST": request} if request else {}
-    return launch(script, Placement.one_per_slot(world), args=[str(STEPS)], env=env, warm=shared_warm_server(),
+    return launch(script, RankLayout.one_per_slot(world), args=[str(STEPS)], env=env, warm=shared_warm_server(),
                   timeout=90, launcher_args=["--checkpoint-dir", str(ckpt)] + (["--restore"] if restore else []))
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from backend.proxy.collectives import EXIT_COLLECTIVE_FAILED
 from backend.proxy.launch import EXIT_PREEMPTED, RankResult, launch, shared_warm_server
-from backend.proxy.placement import Placement
+from backend.proxy.layout import RankLayout
 
 POLL_SCRIPT = r'''
 import json, os, sys, threading, time
@@ -105,7 +105,7 @@ def test_a_request_on_one_rank_at_a_random_moment_is_decided_at_one_step(scripts
     seed = random.randrange(1 << 30)
     rnd = random.Random(seed)
     who, delay = rnd.randrange(4), rnd.uniform(0.05, 0.4)
-    results = launch(scripts["poll"], Placement.parse("0|1|2|3"), args=[str(who), f"{delay:.3f}", mode],
+    results = launch(scripts["poll"], RankLayout.parse("0|1|2|3"), args=[str(who), f"{delay:.3f}", mode],
                      env={"SINGULARITY_CUT_EVERY": "4"}, warm=shared_warm_server(), timeout=90)
     for r in results:
         assert r.rc == 0, f"seed {seed}: rank {r.rank} exited {r.rc}\n{r.stderr[-3000:]}"
@@ -131,7 +131,7 @@ def run_job(script: Path, placement: str, ckpt: Path, restore: bool = False, req
         env["SINGULARITY_TEST_REQUEST"] = request
     if crash:
         env["TEST_CRASH"] = crash
-    return launch(script, Placement.parse(placement), env=env, warm=shared_warm_server(), timeout=90,
+    return launch(script, RankLayout.parse(placement), env=env, warm=shared_warm_server(), timeout=90,
                   launcher_args=["--checkpoint-dir", str(ckpt)] + (["--restore"] if restore else []))
 
 

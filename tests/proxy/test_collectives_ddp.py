@@ -14,7 +14,7 @@ from typing import Optional
 import pytest
 
 from backend.proxy.launch import RankResult, launch, shared_warm_server
-from backend.proxy.placement import Placement
+from backend.proxy.layout import RankLayout
 
 DDP_SCRIPT = r'''
 import hashlib, json, sys, time
@@ -97,7 +97,7 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run(script: Path, placement: str, reduction: Optional[str] = "exact", steps: int = 8, busy: float = 0.0,
         env: Optional[dict] = None) -> list[dict]:
-    results = launch(script, Placement.parse(placement), args=[str(steps), str(busy)], reduction=reduction,
+    results = launch(script, RankLayout.parse(placement), args=[str(steps), str(busy)], reduction=reduction,
                      env=env, warm=shared_warm_server(), timeout=90)
     return [_report(r) for r in results]
 

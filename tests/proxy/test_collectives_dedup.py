@@ -11,7 +11,7 @@ import torch
 
 from backend.proxy import dedup
 from backend.proxy.launch import launch, shared_warm_server
-from backend.proxy.placement import Placement
+from backend.proxy.layout import RankLayout
 
 
 #: elements of a float32 tensor big enough for a blob of its own (small ones go inline)
@@ -124,7 +124,7 @@ def test_checkpoint_size_does_not_grow_with_world_size(tmp_path: Path) -> None:
     for world in (1, 2, 4):
         folder = tmp_path / f"w{world}"
         folder.mkdir()
-        results = launch(script, Placement.one_per_slot(world), args=[str(folder)], warm=shared_warm_server(),
+        results = launch(script, RankLayout.one_per_slot(world), args=[str(folder)], warm=shared_warm_server(),
                          timeout=90)
         for r in results:
             assert r.rc == 0, f"W={world} rank {r.rank}: {r.stderr[-2000:]}"

@@ -16,13 +16,13 @@ import torch.distributed as dist
 from backend.proxy import exact
 from backend.proxy.collectives import SingularityProcessGroup
 from backend.proxy.cut import ConsistentCut
-from backend.proxy.placement import Placement
+from backend.proxy.layout import RankLayout
 
 
 def run_group(placement: str, fn: Callable[[SingularityProcessGroup, int], Any], reduction: str = "exact",
               cuts: Optional[list[ConsistentCut]] = None, turns: bool = False) -> list[Any]:
     """Run ``fn(pg, rank)`` on every rank of ``placement``, each rank a thread; return the results."""
-    pl = Placement.parse(placement)
+    pl = RankLayout.parse(placement)
     world = pl.world_size
     store = dist.HashStore()
     results: list[Any] = [None] * world
@@ -106,7 +106,7 @@ def test_tree_covers_ranks_in_order_and_aligned_blocks_are_subtrees(world: int) 
                                        "0|1|2", "2,0|1", "0,1|2,3|4,5", "5,4,3|2,1,0", "1|0"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_exact_allreduce_is_the_fixed_tree_for_every_placement(placement: str, dtype: torch.dtype) -> None:
-    world = Placement.parse(placement).world_size
+    world = RankLayout.parse(placement).world_size
     out = run_group(placement, lambda pg, r: allreduce(pg, r, dtype))
     expected = reference(world, dtype)
     for t in out:
@@ -337,16 +337,16 @@ def test_backend_and_placement_parsing() -> None:
     assert inner_backends(None)["cpu"] == "gloo"
     with pytest.raises(ValueError, match="mpi"):
         inner_backends("mpi")
-    p = Placement.parse("2,0|1,3")
+    p = RankLayout.parse("2,0|1,3")
     assert p.order == [2, 0, 1, 3] and p.physical(1) == 2 and p.slot_of(3) == 1 and p.max_per_slot == 2
     assert p.splits([0, 1]) == [(2, 0), (1, 3)] and p.splits([0, 2]) == []
     assert p.restrict([1, 3]).slots == ((0, 1),)
-    assert Placement.contiguous(6, 3).text() == "0,1,2|3,4,5"
+    assert RankLayout.contiguous(6, 3).text() == "0,1,2|3,4,5"
     for bad in ("0,1|1", "0|2", "a|b", "0||1"):
         with pytest.raises(ValueError):
-            Placement.parse(bad)
+            RankLayout.parse(bad)
     with pytest.raises(ValueError, match="world size"):
-        Placement.from_env(3, {"SINGULARITY_PLACEMENT": "0|1"})
+        RankLayout.from_env(3, {"SINGULARITY_PLACEMENT": "0|1"})
 
 
 # ---------------------------------------------------------------------------- turns

@@ -1,4 +1,4 @@
-"""Where each logical rank runs: the slots (devices, or CPU slots) and their order.
+"""The layout of a job's ranks: which logical ranks share a slot (a device, or a CPU slot), in what order.
 
 A job keeps its logical world size W for life; the placement maps its W ranks onto P slots
 (P divides W in the scheduler's plans, though nothing here needs it).  The text form, carried in
@@ -17,7 +17,7 @@ from backend.contract import ENV_PLACEMENT
 
 
 @dataclass(frozen=True)
-class Placement:
+class RankLayout:
     """Slots of logical ranks, in physical order."""
 
     slots: tuple[tuple[int, ...], ...]
@@ -31,7 +31,7 @@ class Placement:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def parse(cls, text: str) -> "Placement":
+    def parse(cls, text: str) -> "RankLayout":
         try:
             slots = tuple(tuple(int(r) for r in part.split(",")) for part in text.strip().split("|"))
         except ValueError:
@@ -39,18 +39,18 @@ class Placement:
         return cls(slots)
 
     @classmethod
-    def one_per_slot(cls, world_size: int) -> "Placement":
+    def one_per_slot(cls, world_size: int) -> "RankLayout":
         return cls(tuple((r,) for r in range(world_size)))
 
     @classmethod
-    def contiguous(cls, world_size: int, per_slot: int) -> "Placement":
+    def contiguous(cls, world_size: int, per_slot: int) -> "RankLayout":
         """``per_slot`` consecutive ranks per slot: the scheduler's default for P = W / S."""
         if per_slot < 1 or world_size % per_slot:
             raise ValueError(f"{per_slot} ranks per slot does not divide world size {world_size}")
         return cls(tuple(tuple(range(s, s + per_slot)) for s in range(0, world_size, per_slot)))
 
     @classmethod
-    def from_env(cls, world_size: int, env: Optional[dict] = None) -> "Placement":
+    def from_env(cls, world_size: int, env: Optional[dict] = None) -> "RankLayout":
         text = (env if env is not None else os.environ).get(ENV_PLACEMENT, "").strip()
         placement = cls.parse(text) if text else cls.one_per_slot(world_size)
         if placement.world_size != world_size:
@@ -81,11 +81,11 @@ class Placement:
     def max_per_slot(self) -> int:
         return max(len(s) for s in self.slots)
 
-    def restrict(self, members: Sequence[int]) -> "Placement":
+    def restrict(self, members: Sequence[int]) -> "RankLayout":
         """The placement of a subgroup: ``members`` are global ranks, group rank i is members[i]."""
         index = {g: i for i, g in enumerate(members)}
         slots = tuple(tuple(index[r] for r in slot if r in index) for slot in self.slots)
-        return Placement(tuple(s for s in slots if s))
+        return RankLayout(tuple(s for s in slots if s))
 
     def splits(self, members: Sequence[int]) -> list[tuple[int, ...]]:
         """Slots of several ranks that ``members`` (a subgroup's global ranks) only partly contain."""
