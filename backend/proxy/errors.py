@@ -5,10 +5,15 @@ preemption; the rewritten code also makes sure bare ``except:`` handlers re-rais
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from pathlib import Path
+from typing import Optional, Protocol
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .store import CheckpointRef
+
+class Committed(Protocol):
+    """What a stop reports of the checkpoint it stopped at (a ``store.CheckpointRef``)."""
+
+    path: Path
+    step: int
 
 
 class CheckpointError(Exception):
@@ -29,6 +34,6 @@ class CheckpointFailure(CheckpointError):
 class Preempted(BaseException):
     """Raised out of `ResumableProgram.run` once a ``then='stop'`` checkpoint has been written."""
 
-    def __init__(self, checkpoint: "CheckpointRef") -> None:
+    def __init__(self, checkpoint: Committed) -> None:
         super().__init__(f"preempted after checkpoint {checkpoint.path} (step {checkpoint.step})")
         self.checkpoint = checkpoint

@@ -14,7 +14,6 @@ KNOWN_MODULE_CYCLES = [
     # each other's types (mostly for annotations); to be split along a leaf module of shared types
     {"backend.proxy.background", "backend.proxy.controller", "backend.proxy.frames", "backend.proxy.program",
      "backend.proxy.runtime", "backend.proxy.state"},
-    {"backend.proxy.errors", "backend.proxy.store"},  # Preempted carries a CheckpointRef (annotation)
 ]
 #: private names of other libraries that the proxy must reach (no public equivalent exists)
 FOREIGN_PRIVATE_OK = {"torch", "IPython"}
