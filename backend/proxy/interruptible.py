@@ -12,6 +12,8 @@ import ast
 import linecache
 from typing import Any, Optional
 
+from . import libraries
+
 #: at most this many locations are listed in the event (the count is always given)
 MAX_LISTED = 20
 
@@ -97,4 +99,8 @@ def report(program: Any) -> dict[str, Any]:
     else:
         out["message"] = ("no loops: safe points only between top-level statements" if boundaries
                           else "no safe point: the job cannot be checkpointed while it runs")
+    modules = libraries.modules_from_env()
+    out["library_modules"] = modules
+    if modules and not safe:
+        out["message"] += f"; loops in the library modules {', '.join(modules)} are safe points too, once imported"
     return out
