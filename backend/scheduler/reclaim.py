@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from singularity_sdk.protocol import SLA
+
 from .placement import Placement, divisors
 from .round_state import CATEGORY, RJob, RoundState, shrunk_placement
 
@@ -60,9 +62,12 @@ def plan_node(
     """
     node = state.names[i]
     hb = state.held(ben.rank, ben.user) + p
+    lower_min = _lower_min(state, ben)
     by_rank: dict[int, list[RJob]] = {0: [], 1: []}
     for j in state.node_jobs.get(i, ()):
         if not j.movable or j in taken or node not in j.placement:
+            continue
+        if j.rank < ben.rank and j.las_victim < lower_min:
             continue
         if las is not None and j.rank >= ben.rank:
             if j.las_victim < las[1] + state.config.las_take_gap:
@@ -110,6 +115,12 @@ def plan_node(
     return final if rem <= 0 else changes
 
 
+def _lower_min(state: RoundState, ben: RJob) -> int:
+    """Least victim class of the basic jobs standard work may take from by the tier order (a
+    basic job aged into standard may take from any: that is how it stops starving)."""
+    return state.config.tier_take_min_class if ben.rank == 1 and ben.view.sla != SLA.BASIC else 0
+
+
 def _commit(state: RoundState, node: str, changes: Changes, ben: RJob, p: int, las: bool = False) -> None:
     for j in sorted(changes, key=lambda j: (j.rank, j.victim_key)):
         q = changes[j]
@@ -144,7 +155,7 @@ def reclaim(state: RoundState, ben: RJob, p: int, cats: tuple[int, ...], las: bo
     big = state.free.max_size
     key = (ben.rank, ben.las) if las else None
     if p <= big:
-        for i in state.reclaim_candidates(p, cats, limit=4, las=key):
+        for i in state.reclaim_candidates(p, cats, limit=4, las=key, lower_min=_lower_min(state, ben)):
             changes = plan_node(state, i, p - int(state.nfree[i]), cats, ben, p, set(), key)
             if changes is None:
                 continue
@@ -171,7 +182,8 @@ def _reclaim_multi(
             plans.append((spare[0], {}))
             used.add(spare[0])
             continue
-        for i in state.reclaim_candidates(big, cats, limit=4, whole=True, exclude=frozenset(used), las=las):
+        for i in state.reclaim_candidates(big, cats, limit=4, whole=True, exclude=frozenset(used), las=las,
+                                          lower_min=_lower_min(state, ben)):
             changes = plan_node(state, i, big - int(state.nfree[i]), cats, ben, p, taken, las)
             if changes is not None:
                 plans.append((i, changes))
@@ -185,7 +197,8 @@ def _reclaim_multi(
         if node is not None:
             plans.append((state.index[node], {}))
         else:
-            for i in state.reclaim_candidates(rest, cats, limit=4, exclude=frozenset(used), las=las):
+            for i in state.reclaim_candidates(rest, cats, limit=4, exclude=frozenset(used), las=las,
+                                              lower_min=_lower_min(state, ben)):
                 changes = plan_node(state, i, rest - int(state.nfree[i]), cats, ben, p, taken, las)
                 if changes is not None:
                     plans.append((i, changes))

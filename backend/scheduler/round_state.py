@@ -344,12 +344,15 @@ class RoundState:
     def held(self, rank: int, user: str) -> int:
         return self.held_by.get((rank, user), 0)
 
-    def capacity(self, c: int, las: Optional[tuple[int, int]]) -> np.ndarray:
+    def capacity(self, c: int, las: Optional[tuple[int, int]], lower_min: int = 0) -> np.ndarray:
         """Devices per node that category ``c`` offers; with ``las = (rank, cls)`` the jobs of
-        that rank or above count only if their victim class is ``cls + las_take_gap`` or more (LAS)."""
+        that rank or above count only if their victim class is ``cls + las_take_gap`` or more (LAS).
+        ``lower_min``: basic jobs count only from that victim class up (standard work's takes)."""
         if las is not None and CATEGORY[c][0] >= las[0]:
             k = las[1] + self.config.las_take_gap
             return self.las_cats[k, c] if k < len(self.las_cats) else np.zeros_like(self.nfree)
+        if lower_min and CATEGORY[c][0] == 0:
+            return self.las_cats[lower_min, c] if lower_min < len(self.las_cats) else np.zeros_like(self.nfree)
         return self.cats[c]
 
     def reclaim_candidates(
@@ -360,6 +363,7 @@ class RoundState:
         whole: bool = False,
         exclude: frozenset[int] = frozenset(),
         las: Optional[tuple[int, int]] = None,
+        lower_min: int = 0,
     ) -> list[int]:
         """Nodes where ``p`` devices can be had from free devices plus ``cats``, cheapest first.
 
@@ -368,14 +372,14 @@ class RoundState:
         nodes of the largest size (for the whole-node part of a multi-node job). ``las``: see
         :meth:`capacity`.
         """
-        key = (cats, las)
+        key = (cats, las, lower_min)
         hit = self._most.get(key)
         if hit is None or hit[0] != self.version:
             # the most devices any node could offer (free + every category): most waiting jobs
             # find no node, and this bound, kept until the counts change, says so at once
             avail = self.nfree.copy()
             for c in cats:
-                avail += self.capacity(c, las)
+                avail += self.capacity(c, las, lower_min)
             hit = self._most[key] = (self.version, int(avail.max()))
         if hit[1] < p:
             return []
@@ -383,7 +387,7 @@ class RoundState:
         rem = np.maximum(need, 0)
         cost = np.zeros(len(self.names))
         for c in cats:
-            take = np.minimum(rem, self.capacity(c, las))
+            take = np.minimum(rem, self.capacity(c, las, lower_min))
             cost += take * CATEGORY_COST[c]
             rem = rem - take
         ok = (rem == 0) & (need > 0) & (self.size >= p)

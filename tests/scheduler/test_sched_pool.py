@@ -99,3 +99,35 @@ def test_basic_jobs_are_shrunk_to_half_at_most():
     assert isinstance(acts["b-8"], Preempt) and isinstance(acts["p"], Place)
     after = apply(snap, singularity_policy(snap, PER_TIER))
     assert ndev(after["b-8"]) == 2  # the per-tier rule squeezed it onto 2 of 8
+
+
+def test_with_tier_take_min_class_standard_work_leaves_a_just_started_basic_job_alone():
+    """With ``tier_take_min_class=1`` (measured, off by default) standard work takes basic jobs
+    whatever their service, but not one that has just started (victim class 0), which is
+    otherwise the first victim, having the newest checkpoint."""
+    rule = PolicyConfig(tier_take_min_class=1)
+    fresh = running("b-fresh", B, 1, {"node-0": (0,)}, submitted_at=NOW - 120, ckpt=NOW - 60,
+                    attained=60.0, ran=60.0)
+    served = [running(f"b-{i}", B, 1, {"node-0": (i,)}, submitted_at=NOW - 2 * HOUR, ckpt=NOW - 1800,
+                      attained=0.5 * HOUR, ran=0.5 * HOUR) for i in range(1, 8)]
+    want = waiting("s-new", S, 1, submitted_at=NOW - 30)
+    snap = snapshot(NOW, {"node-0": 8}, [fresh] + served + [want])
+    acts = by_job(singularity_policy(snap, rule))
+    apply(snap, list(acts.values()))
+    assert "b-fresh" not in acts and isinstance(acts["s-new"], Place)
+    assert sum(isinstance(a, Preempt) for a in acts.values()) == 1
+    # the default (any basic job) takes the fresh one, its checkpoint being the newest
+    wrong = by_job(singularity_policy(snap, POOL))
+    assert isinstance(wrong["b-fresh"], Preempt)
+    # with only just-started basic jobs on the node, standard work waits ...
+    only_fresh = [running(f"f-{i}", B, 1, {"node-0": (i,)}, submitted_at=NOW - 120, ckpt=NOW - 60,
+                          attained=60.0, ran=60.0) for i in range(8)]
+    snap = snapshot(NOW, {"node-0": 8}, only_fresh + [want])
+    assert by_job(singularity_policy(snap, rule)) == {}
+    assert isinstance(by_job(singularity_policy(snap, POOL))["s-new"], Place)
+    # ... while premium work still takes one, and a basic job aged into standard too (no starvation)
+    acts = by_job(singularity_policy(snapshot(NOW, {"node-0": 8}, only_fresh + [waiting("p", P, 1)]), rule))
+    assert isinstance(acts["p"], Place)
+    aged = waiting("b-aged", B, 1, submitted_at=NOW - 5 * HOUR, ran=0.0)
+    acts = by_job(singularity_policy(snapshot(NOW, {"node-0": 8}, only_fresh + [aged]), rule))
+    assert isinstance(acts["b-aged"], Place) and "aged past" in acts["b-aged"].reason
