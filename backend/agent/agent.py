@@ -222,8 +222,12 @@ class Agent:
                 continue
             reason = f"the node agent has not heard from the server for {silent:.0f} s (lease {self.lease:g} s)"
             log.warning("%s: %d job(s) checkpoint and stop", reason, len(runs))
+            # the bound of a planned stop; 30 s where that is 0 ("the home goes with the agent,
+            # do not bother": a temporary LocalCluster), since this checkpoint is what the job
+            # resumes from
+            bound = self.stop_timeout if self.stop_timeout > 0 else 30.0
             for r in runs:
-                asyncio.create_task(r.stop_at_checkpoint(reason, self.stop_timeout))
+                asyncio.create_task(r.stop_at_checkpoint(reason, bound))
 
     async def _receiver(self, ws: ClientConnection) -> None:
         async for raw in ws:
@@ -384,8 +388,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--threads-per-slot", type=int, default=1)
     p.add_argument("--orphan-timeout", type=float, default=None,
                    help="exit after this many seconds without a server (its jobs checkpoint and stop first)")
-    p.add_argument("--lease", type=float, default=float(os.environ.get("SINGULARITY_AGENT_LEASE", "10")),
-                   metavar="SECONDS",
+    p.add_argument("--lease", type=float, default=10.0, metavar="SECONDS",
                    help="after this many seconds without hearing from the server, jobs checkpoint and stop, "
                         "to resume from there once the server is back (default 10, the server's default "
                         "--node-timeout: keep it at most that; 0: never)")
