@@ -34,6 +34,9 @@ PASS_THROUGH = {EventType.LOG, EventType.PROGRESS, EventType.TELEMETRY, EventTyp
 #: What the server waits beyond a move's bound before answering for ranks that said nothing
 #: (a rank whose watchdog cannot run, e.g. a C call holding the GIL): its own answer comes first.
 BACKSTOP_SLACK_S = 10.0
+#: a node check this late means the server itself was not running (stopped, suspended, blocked)
+#: and has not read what waits in its sockets yet: connected nodes are not judged silent then
+FROZEN_GAP_S = 2.0
 
 
 def fenced(row: Any, node: str, ae: AgentEvent) -> str:
@@ -58,6 +61,9 @@ class AgentSide:
         self.core = core
         self.store = core.store
         self.config = core.config
+        #: when check_nodes last ran, and since when the server has been running without a gap
+        self._checked_at: Optional[float] = None
+        self._awake_since = 0.0
 
     def agent_hello(self, link: AgentLink, hello: AgentHello) -> Welcome:
         with self.store.tx():
@@ -315,17 +321,33 @@ class AgentSide:
     def check_nodes(self, now: Optional[float] = None) -> None:
         """Mark nodes whose agent has been silent too long as lost, and move their jobs on."""
         now = time.time() if now is None else now
+        if self._checked_at is not None and now - self._checked_at > FROZEN_GAP_S:
+            self._awake_since = now
+        self._checked_at = now
         for n in self.store.nodes():
-            if n.state in (NodeState.LOST, NodeState.DOWN) or n.name in self.core.links:
+            if n.state in (NodeState.LOST, NodeState.DOWN):
                 continue
-            dropped_at = self.core.dropped.get(n.name)
-            dropped = dropped_at is not None and now - dropped_at >= self.config.drop_grace_s
-            if not dropped and n.heartbeat_at is not None and now - n.heartbeat_at < self.config.node_timeout_s:
-                continue
+            link = self.core.links.get(n.name)
+            if link is not None:
+                # Connected but silent: a partition (no FIN, no RST: the socket stays open for as
+                # long as TCP takes to give up) or a frozen agent. Its workers stop on their lease.
+                if now - max(n.heartbeat_at or 0.0, self._awake_since) < self.config.node_timeout_s:
+                    continue
+                del self.core.links[n.name]
+                try:
+                    link.close(4408, "no heartbeat")
+                except Exception:
+                    pass
+                why = "its agent is connected but silent"
+            else:
+                dropped_at = self.core.dropped.get(n.name)
+                dropped = dropped_at is not None and now - dropped_at >= self.config.drop_grace_s
+                if not dropped and n.heartbeat_at is not None and now - n.heartbeat_at < self.config.node_timeout_s:
+                    continue
+                why = "its agent's connection dropped and it did not come back" if dropped else "no heartbeat"
             self.core.dropped.pop(n.name, None)
             with self.store.tx():
                 self.store.set_node(n.name, state=NodeState.LOST.value)
-            why = "its agent's connection dropped and it did not come back" if dropped else "no heartbeat"
             log.warning("node %s lost: %s (silent %.0f s)", n.name, why, now - (n.heartbeat_at or 0))
             for info in self.store.list_jobs(states=[s.value for s in JobState if s.holds_devices]):
                 if any(p.node == n.name for p in info.placement):

@@ -72,3 +72,33 @@ def test_a_worker_whose_agent_lost_the_server_checkpoints_stops_and_resumes_exac
             assert resumed["step"] == stopped["step"] == last["step"]
             assert job.refresh().info.attempt == 2
             assert job.logs() == logs and job.result() == value
+
+
+def test_a_frozen_agents_node_is_lost_though_its_connection_stays_open(tmp_path, plain):
+    """An agent that is connected but silent (frozen here; a partition without FIN or RST looks
+    the same to the server) loses its node after the node timeout, and its job goes on elsewhere
+    with a plain run's output; thawed, the old worker stops (stale, or on its lease)."""
+    logs, value = plain
+    with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "home", node_timeout=3) as cluster, \
+            cluster.client() as c:
+        job = c.submit(PROGRAM, name="frozen-agent", env=ENV)
+        deadline = time.monotonic() + 90
+        while sum(e.type == EventType.LOG for e in _events(job)) < 8:
+            assert time.monotonic() < deadline, job.refresh().state
+            time.sleep(0.1)
+        node = job.refresh().placement[0].node
+        pid = int([e for e in _events(job) if e.type == EventType.STARTED][-1].data["pids"]["0"])
+        agent = cluster.agent_pids()[node]
+        os.kill(agent, signal.SIGSTOP)
+        try:
+            assert job.wait(120) == JobState.SUCCEEDED, job.info.error
+        finally:
+            os.kill(agent, signal.SIGCONT)
+        lost = [e.data for e in _events(job) if e.type == EventType.NODE_LOST]
+        assert lost and lost[0]["node"] == node and "connected but silent" in lost[0]["why"]
+        assert job.refresh().placement[0].node != node
+        assert job.logs() == logs and job.result() == value
+        deadline = time.monotonic() + 60
+        while pid_alive(pid):
+            assert time.monotonic() < deadline, "the thawed agent's worker ran on"
+            time.sleep(0.1)
