@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test gpu-check bench clean
 
 # torch is pinned to the CPU build first: a bare `torch` requirement would pull a multi-GB
 # CUDA build. Any torch >= 2.4 already in the environment is accepted as it is.
@@ -25,6 +25,11 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q tests
+
+# The GPU paths (NVML, CUDA tensors and cuDNN in checkpoints, NCCL data-parallel resize): run
+# on a machine with an NVIDIA GPU; elsewhere every one of these tests skips, saying why.
+gpu-check: setup
+	$(BIN)/python -m pytest -q -rs tests/e2e/test_gpu.py tests/jupyter/test_cluster_load.py
 
 bench: setup
 	$(BIN)/python bench/latency.py

@@ -87,3 +87,42 @@ def test_nccl_ddp_two_ranks_spliced_on_one_gpu_resizes_exactly(tmp_path):
         moved.resume()
         assert moved.wait(300) == JobState.SUCCEEDED, moved.info.error
         assert (rank_lines(moved), moved.result()) == (rank_lines(plain), plain.result())
+
+
+CUDNN_CONV = (
+    "import torch, torch.nn as nn\n"
+    "torch.manual_seed(0)\n"
+    "torch.backends.cudnn.benchmark = False\n"
+    "torch.backends.cudnn.deterministic = True\n"
+    "net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),\n"
+    "                    nn.Conv2d(16, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)).cuda()\n"
+    "opt = torch.optim.AdamW(net.parameters(), lr=1e-3)\n"
+    "g = torch.Generator(device='cuda').manual_seed(1)\n"
+    "for step in range(24):\n"
+    "    x = torch.randn(16, 3, 32, 32, device='cuda', generator=g)\n"
+    "    loss = net(x).pow(2).mean()\n"
+    "    opt.zero_grad(set_to_none=True)\n"
+    "    loss.backward()\n"
+    "    opt.step()\n"
+    "    print(step, repr(loss.item()), flush=True)\n"
+)
+
+
+@needs_gpu
+def test_a_cudnn_convolutional_model_resumes_exactly_at_every_third_step(tmp_path):
+    """cuDNN convolutions, BatchNorm running stats, AdamW state and a CUDA generator, all on the
+    device, stopped and restored in fresh processes: the losses are bitwise those of one run."""
+    script = tmp_path / "conv.py"
+    script.write_text(CUDNN_CONV)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout
+    ckpt = tmp_path / "ck"
+    run = [sys.executable, "-m", "backend.proxy", str(script), "--checkpoint-dir", str(ckpt)]
+    out, restore = "", []
+    for stop in (4, 11, 19):
+        part = subprocess.run(run + restore + ["--stop-at-step", str(stop)], capture_output=True, text=True)
+        assert part.returncode == 75, part.stderr
+        out += part.stdout
+        restore = ["--restore"]
+    last = subprocess.run(run + restore, capture_output=True, text=True)
+    assert last.returncode == 0, last.stderr
+    assert out + last.stdout == plain
