@@ -4,6 +4,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
+from . import payloads
 from .protocol import Event, EventType, JobInfo
 
 
@@ -33,71 +36,75 @@ def _secs(value: Any) -> str:
 
 def describe(ev: Event) -> str:
     """One line that says what happened, e.g. ``scheduled on node-1 [0] (fifo: ...)``."""
-    d, t = ev.data, ev.type
+    t = ev.type
+    try:
+        p = payloads.of(ev)
+    except ValidationError:  # a field of an unexpected type: show what came, do not fail
+        return f"{t.value} {ev.data}"
     if t == EventType.SUBMITTED:
-        return f"submitted by {d.get('user')}: {d.get('gpus')} device(s), {d.get('ranks')} rank(s), sla {d.get('sla')}"
+        return f"submitted by {p.user}: {p.gpus} device(s), {p.ranks} rank(s), sla {p.sla}"
     if t == EventType.SCHEDULED:
-        return f"scheduled on {_where(d.get('placement', []))} (attempt {d.get('attempt')}; {d.get('reason', '')})"
+        return f"scheduled on {_where(p.placement)} (attempt {p.attempt}; {p.reason})"
     if t == EventType.STARTED:
-        return f"started on {d.get('node')}: ranks {d.get('ranks')}, pids {list((d.get('pids') or {}).values())}"
+        return f"started on {p.node}: ranks {p.ranks}, pids {list(p.pids.values())}"
     if t == EventType.LOG:
-        line = str(d.get("line", "")).rstrip("\n")
-        return f"log[{d.get('rank', 0)}{'' if d.get('stream') == 'stdout' else ' ' + str(d.get('stream'))}] {line}"
+        return f"log[{p.rank}{'' if p.stream == 'stdout' else ' ' + p.stream}] {p.line.rstrip(chr(10))}"
     if t == EventType.RESULT:
-        return f"result: {d.get('repr', '')[:200]}" + (f" (not kept: {d['error']})" if d.get("error") else "")
+        return f"result: {p.repr[:200]}" + (f" (not kept: {p.error})" if p.error else "")
     if t == EventType.WORKER_EXITED:
-        how = f"signal {d['signal']}" if d.get("signal") else f"code {d.get('code')}"
-        return f"rank {d.get('rank')} exited on {d.get('node')} with {how}"
+        how = f"signal {p.signal}" if p.signal else f"code {p.code}"
+        return f"rank {p.rank} exited on {p.node} with {how}"
     if t == EventType.SUCCEEDED:
-        return f"succeeded after {_secs(d.get('seconds'))}"
+        return f"succeeded after {_secs(p.seconds)}"
     if t == EventType.FAILED:
-        err = str(d.get("error", "")).strip().splitlines()
+        err = p.error.strip().splitlines()
         return f"failed: {err[-1] if err else ''}"
     if t == EventType.CANCEL_REQUESTED:
-        return f"cancel requested by {d.get('by')}: {d.get('reason', '')}"
+        return f"cancel requested by {p.by}: {p.reason}"
     if t == EventType.CANCELLED:
-        return f"cancelled ({d.get('reason', '')})"
+        return f"cancelled ({p.reason})"
     if t == EventType.CHECKPOINT_STARTED:
-        return f"checkpoint started ({d.get('reason') or 'requested'})"
+        return f"checkpoint started ({p.reason or 'requested'})"
     if t == EventType.CHECKPOINTED:
-        return (f"checkpointed at step {d.get('step')}: {_size(d.get('bytes'))} in {_secs(d.get('seconds'))} "
-                f"(safe point reached after {_secs(d.get('wait_s'))})")
+        return (f"checkpointed at step {p.step}: {_size(p.bytes)} in {_secs(p.seconds)} "
+                f"(safe point reached after {_secs(p.wait_s)})")
     if t == EventType.CHECKPOINT_FAILED:
-        return f"checkpoint failed: {d.get('error')}"
+        return f"checkpoint failed: {p.error}"
     if t == EventType.PREEMPTING:
-        return f"preempting: {d.get('reason', '')}"
+        return f"preempting: {p.reason}"
     if t == EventType.PREEMPTED:
-        return f"preempted at step {d.get('step', '?')} ({d.get('reason', '')}; by {d.get('by', 'scheduler')})"
+        step = "?" if p.step is None else p.step
+        return f"preempted at step {step} ({p.reason}; by {p.by or 'scheduler'})"
     if t == EventType.RESUMED:
-        took = f" (restored in {_secs(d['seconds'])})" if d.get("seconds") is not None else ""
-        return f"resumed at step {d.get('step', '?')} on {_where(d.get('placement', []))}{took}"
+        took = f" (restored in {_secs(p.seconds)})" if p.seconds is not None else ""
+        return f"resumed at step {'?' if p.step is None else p.step} on {_where(p.placement)}{took}"
     if t == EventType.MIGRATING:
-        return f"migrating from {d.get('from')} ({d.get('reason', '')})"
+        return f"migrating from {p.from_} ({p.reason})"
     if t == EventType.MIGRATED:
-        return f"migrated {d.get('from')} -> {d.get('to')} in {_secs(d.get('seconds'))}"
+        return f"migrated {p.from_} -> {p.to} in {_secs(p.seconds)}"
     if t == EventType.RESIZING:
-        return f"resizing {d.get('from')} -> {d.get('to')} devices ({d.get('reason', '')})"
+        return f"resizing {p.from_} -> {p.to} devices ({p.reason})"
     if t == EventType.RESIZED:
-        if d.get("queued"):
-            return f"resized {d.get('from')} -> {d.get('to')} devices while waiting"
-        phases = ", ".join(f"{k} {_secs(v)}" for k, v in (d.get("phases") or {}).items())
-        return (f"resized {d.get('from')} -> {d.get('to')} devices ({d.get('splicing')} rank(s) per device) "
-                f"in {_secs(d.get('seconds'))}" + (f": {phases}" if phases else ""))
+        if p.queued:
+            return f"resized {p.from_} -> {p.to} devices while waiting"
+        phases = ", ".join(f"{k} {_secs(v)}" for k, v in p.phases.items())
+        return (f"resized {p.from_} -> {p.to} devices ({p.splicing} rank(s) per device) "
+                f"in {_secs(p.seconds)}" + (f": {phases}" if phases else ""))
     if t == EventType.NODE_LOST:
-        return f"node {d.get('node')} lost (silent {d.get('silent_s', '?')} s)"
+        return f"node {p.node} lost (silent {'?' if p.silent_s is None else p.silent_s} s)"
     if t == EventType.RETRYING:
-        return f"retrying as attempt {d.get('attempt')}: {d.get('why', '')}"
+        return f"retrying as attempt {p.attempt}: {p.why}"
     if t == EventType.PROGRESS:
-        return f"progress: step {d.get('step')}"
+        return f"progress: step {p.step}"
     if t == EventType.INTERRUPTIBLE:
-        return str(d.get("message") or ("interruptible" if d.get("interruptible") else "no safe point"))
+        return str(p.message or ("interruptible" if p.interruptible else "no safe point"))
     if t == EventType.EXACTNESS:
-        return exactness_text(d)
+        return exactness_text(ev.data)
     if t == EventType.SUPERSEDED:
-        who = "every rank" if d.get("ranks") is None else f"rank(s) {d.get('ranks')}"
-        return (f"{d.get('lines')} log line(s) of {who} superseded: the steps after the restored checkpoint "
+        who = "every rank" if p.ranks is None else f"rank(s) {p.ranks}"
+        return (f"{p.lines} log line(s) of {who} superseded: the steps after the restored checkpoint "
                 f"printed them again")
-    return f"{t.value} {d}"
+    return f"{t.value} {ev.data}"
 
 
 def exactness_text(d: dict[str, Any]) -> str:
