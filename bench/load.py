@@ -59,11 +59,9 @@ async def follow_all(cluster: LocalCluster, jobs: int, clients: int, lines: int)
 async def submissions(cluster: LocalCluster, n: int) -> float:
     async with cluster.async_client() as client:
         t0 = time.perf_counter()
-        jobs = [await client.submit("1", name=f"s{i}") for i in range(n)]
-        rate = n / (time.perf_counter() - t0)
-        for job in jobs:
-            await job.cancel()
-        return rate
+        for i in range(n):
+            await client.submit("1", name=f"s{i}")
+        return n / (time.perf_counter() - t0)
 
 
 def main() -> None:
