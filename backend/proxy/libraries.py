@@ -7,6 +7,12 @@ is), so the library's loops are safe points, and a checkpoint taken there record
 frames on its stack like the program's own (`frames.user_chain`): a restore re-enters
 ``trainer.train()`` and, through it, the library's inner loop, with each frame's locals back.
 
+The modules of the job's own folder (the script's, or the working directory of a cell), helper
+modules the program imports from there, are rewritten the same way, unless
+``SINGULARITY_REWRITE_FOLDER=0``: loops in their functions are the user's loops. Left out: the
+service's own packages, anything under ``site-packages`` or ``dist-packages`` (a virtualenv
+inside the folder) or a hidden folder, and packages' ``__init__``.
+
 On by default for `DEFAULT_MODULES` (a short, tested list); a job may name more modules
 (``submit(..., rewrite_modules=[...])``, ``--rewrite-module NAME``), which reach the process
 that runs it as `ENV` (comma-separated). A named module that is already imported when the
@@ -38,6 +44,10 @@ from .rewrite import RT, rewrite_library
 DEFAULT_MODULES: tuple[str, ...] = ("transformers.trainer",)
 #: the environment variable naming extra modules (comma-separated); ``-`` first turns the defaults off
 ENV = "SINGULARITY_REWRITE_MODULES"
+#: "0" leaves the modules of the job's own folder as they are
+FOLDER_ENV = "SINGULARITY_REWRITE_FOLDER"
+#: never rewritten from a job's folder: the service's own code (a job run from its checkout)
+OWN_PACKAGES = frozenset({"backend", "singularity_sdk", "jupyter_ext"})
 #: a library module's ids are ``base + 1 ...``; ranges are this wide
 SPAN = 1_000_000
 
@@ -110,16 +120,53 @@ class _RewritingLoader(importlib.machinery.SourceFileLoader):
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
         self.names: set[str] = set()
+        #: the job's own folders, whose modules are the user's (`in_folder`)
+        self.folders: list[str] = []
+        self._tops: dict[str, bool] = {}
+
+    def in_folder(self, fullname: str) -> bool:
+        """Whether ``fullname``'s top-level name is a module or package of one of `folders`
+        (cheap: the import system is asked only for those)."""
+        top = fullname.partition(".")[0]
+        if not self.folders or top in OWN_PACKAGES:
+            return False
+        found = self._tops.get(top)
+        if found is None:
+            found = any(os.path.isfile(os.path.join(f, top + ".py")) or os.path.isdir(os.path.join(f, top))
+                        for f in self.folders)
+            self._tops[top] = found
+        return found
+
+    def _user_source(self, origin: str) -> bool:
+        real = os.path.realpath(origin)
+        for folder in self.folders:
+            rel = os.path.relpath(real, folder)
+            if rel.startswith(os.pardir):
+                continue
+            parts = rel.split(os.sep)
+            return not any(p.startswith(".") or p in ("site-packages", "dist-packages", "__pycache__")
+                           for p in parts[:-1])
+        return False
 
     def find_spec(self, fullname: str, path: Optional[Sequence[str]],
                   target: Optional[types.ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
-        if fullname not in self.names or fullname in REGISTRY.modules:
+        if fullname in REGISTRY.modules:
+            return None
+        named = fullname in self.names
+        if not named and not self.in_folder(fullname):
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.origin is None or not spec.origin.endswith(".py") \
-                or spec.submodule_search_locations is not None:
+        plain = spec is not None and spec.origin is not None and spec.origin.endswith(".py") \
+            and spec.submodule_search_locations is None
+        if not named:  # the job's own module, or nothing of ours to do
+            return self._rewriting(fullname, spec) if plain and self._user_source(spec.origin) else None
+        if not plain:
             REGISTRY.skipped.setdefault(fullname, "not a plain Python source module")
             return None
+        return self._rewriting(fullname, spec)
+
+    @staticmethod
+    def _rewriting(fullname: str, spec: Any) -> Any:
         spec.loader = _RewritingLoader(fullname, spec.origin)
         spec.cached = None
         return spec
@@ -128,11 +175,17 @@ class _Finder(importlib.abc.MetaPathFinder):
 _finder = _Finder()
 
 
-def install(names: Optional[Iterable[str]] = None) -> None:
-    """Rewrite ``names`` (default: `modules_from_env`) when they are imported from now on.
+def install(names: Optional[Iterable[str]] = None, folder: Optional[str] = None) -> None:
+    """Rewrite ``names`` (default: `modules_from_env`) when they are imported from now on, and
+    the modules of ``folder`` (the job's own) unless `FOLDER_ENV` is "0".
 
     The caller has made the dormant runtime resolvable (`runtime.install_dormant`): functions of
     these modules find it through builtins while no program runs."""
+    if folder and os.environ.get(FOLDER_ENV, "1") != "0":
+        real = os.path.realpath(folder)
+        if real not in _finder.folders:
+            _finder.folders.append(real)
+            _finder._tops.clear()
     wanted = list(modules_from_env() if names is None else names)
     for name in wanted:
         if name in sys.modules and name not in REGISTRY.modules:

@@ -5,6 +5,7 @@ import ast
 import hashlib
 import inspect
 import linecache
+import os
 import textwrap
 import time
 import types
@@ -229,7 +230,7 @@ class ResumableProgram:
         """
         namespace.setdefault("__name__", "__main__")
         install_dormant()
-        libraries.install()  # before the checkpoint loads: it may import a library trainer
+        libraries.install(folder=self._folder())  # before the checkpoint loads: it may import a library trainer
         training_state.install()  # DataLoader iterators made from now on can be checkpointed
         rt = Runtime(self, namespace, controller)
         if self.kind == "callable":
@@ -259,6 +260,15 @@ class ResumableProgram:
         finally:
             libraries.bind(None)
             controller._detach()
+
+    def _folder(self) -> Optional[str]:
+        """The job's own folder, whose modules are the user's: the script's, or a cell's working
+        directory (a callable's code may come from anywhere: none)."""
+        if self.kind != "source":
+            return None
+        if self.filename.startswith("<"):
+            return os.getcwd()
+        return os.path.dirname(os.path.abspath(self.filename))
 
     def _run_source(self, rt: Runtime, namespace: dict, graph: Optional[dict]) -> Any:
         namespace[RT] = rt
