@@ -1,9 +1,10 @@
 """Many followers, chatty jobs: is every event delivered once and in order, and how late?
 
-    python bench/load.py [--clients 100] [--jobs 20] [--lines 500] [--submits 200]
+    python bench/load.py [--clients 100] [--jobs 20] [--lines 500] [--submits 200] [--pause-ms 0]
 
 A LocalCluster with a device per job runs ``--jobs`` jobs that each print ``--lines`` lines as
-fast as they can, each line carrying ``time.time()`` at the print. ``--clients`` followers
+fast as they can (or pausing ``--pause-ms`` after every 10), each line carrying ``time.time()``
+at the print. "lines/s" is every client's lines together over the run's duration. ``--clients`` followers
 (``AsyncJob.follow``, all in one event loop, spread evenly over the jobs) receive them; for each
 client the bench checks that the event numbers are 1, 2, 3, ... with no gap or repeat and that
 every line arrived, and measures print -> client latency (same machine, same clock). The same
@@ -25,14 +26,18 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
-def program(lines: int) -> str:
-    return f"import time\nfor i in range({lines}):\n    print(repr(time.time()), flush=True)\n"
+def program(lines: int, pause_ms: float) -> str:
+    pause = f"    if i % 10 == 9:\n        time.sleep({pause_ms / 1000})\n" if pause_ms else ""
+    return f"import time\nfor i in range({lines}):\n    print(repr(time.time()), flush=True)\n{pause}"
 
 
-async def follow_all(cluster: LocalCluster, jobs: int, clients: int, lines: int) -> tuple[list[float], list[str]]:
-    """Latencies of every line at every client, and what went wrong (gaps, repeats, lost lines)."""
+async def follow_all(cluster: LocalCluster, jobs: int, clients: int, lines: int,
+                     pause_ms: float) -> tuple[list[float], list[str], float]:
+    """Latencies of every line at every client, what went wrong (gaps, repeats, lost lines), and
+    the seconds from the first submission to the last client's end."""
+    t0 = time.monotonic()
     async with cluster.async_client() as submitter:
-        submitted = [await submitter.submit(program(lines), name=f"load-{i}") for i in range(jobs)]
+        submitted = [await submitter.submit(program(lines, pause_ms), name=f"load-{i}") for i in range(jobs)]
         latencies: list[float] = []
         problems: list[str] = []
 
@@ -53,7 +58,7 @@ async def follow_all(cluster: LocalCluster, jobs: int, clients: int, lines: int)
                     problems.append(f"client {k}: {got} of {lines} lines")
 
         await asyncio.gather(*(one_client(k) for k in range(clients)))
-        return latencies, problems
+        return latencies, problems, time.monotonic() - t0
 
 
 async def submissions(cluster: LocalCluster, n: int) -> float:
@@ -70,16 +75,19 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=20)
     ap.add_argument("--lines", type=int, default=500)
     ap.add_argument("--submits", type=int, default=200)
+    ap.add_argument("--pause-ms", type=float, default=0.0,
+                    help="a pause after every 10 lines (0: print as fast as the job can)")
     args = ap.parse_args()
     with LocalCluster(nodes=2, devices_per_node=(args.jobs + 1) // 2, env={"SINGULARITY_PIN_CPU_SLOTS": "0"}) as cluster:
-        base, base_problems = asyncio.run(follow_all(cluster, args.jobs, args.jobs, args.lines))
-        many, problems = asyncio.run(follow_all(cluster, args.jobs, args.clients, args.lines))
+        base, base_problems, base_s = asyncio.run(follow_all(cluster, args.jobs, args.jobs, args.lines, args.pause_ms))
+        many, problems, many_s = asyncio.run(follow_all(cluster, args.jobs, args.clients, args.lines, args.pause_ms))
         rate = asyncio.run(submissions(cluster, args.submits))
-    print(f"{args.jobs} jobs x {args.lines} lines; latency print -> client, ms")
-    print(f"{'followers':>10} {'events':>8} {'p50':>8} {'p99':>8} {'max':>8} {'lost/dup':>9}")
-    for n, lat, bad in ((args.jobs, base, base_problems), (args.clients, many, problems)):
-        print(f"{n:>10} {len(lat):>8} {statistics.median(lat) * 1e3:>8.1f} {pct(lat, 99) * 1e3:>8.1f} "
-              f"{max(lat) * 1e3:>8.1f} {len(bad):>9}")
+    print(f"{args.jobs} jobs x {args.lines} lines (pause {args.pause_ms:g} ms per 10 lines); "
+          f"latency print -> client, ms")
+    print(f"{'followers':>10} {'lines':>8} {'lines/s':>8} {'p50':>8} {'p99':>8} {'max':>8} {'lost/dup':>9}")
+    for n, lat, bad, secs in ((args.jobs, base, base_problems, base_s), (args.clients, many, problems, many_s)):
+        print(f"{n:>10} {len(lat):>8} {len(lat) / secs:>8.0f} {statistics.median(lat) * 1e3:>8.1f} "
+              f"{pct(lat, 99) * 1e3:>8.1f} {max(lat) * 1e3:>8.1f} {len(bad):>9}")
     print(f"p99 ratio {args.clients} followers / {args.jobs}: {pct(many, 99) / pct(base, 99):.2f}x")
     print(f"submissions: {rate:.0f}/s ({args.submits} back to back, one client)")
     for line in (base_problems + problems)[:10]:
