@@ -35,6 +35,7 @@ import weakref
 import zlib
 from typing import Any, Iterable, Optional, Sequence
 
+from . import training_state
 from .rewrite import RT, rewrite_library
 
 #: library modules rewritten unless the job says otherwise: transformers' `Trainer` loop.
@@ -239,21 +240,6 @@ def _patch_shard(module: Any) -> None:
     cls.__iter__ = __iter__
 
 
-def _loader_snapshot(loader: Any) -> tuple:
-    from . import iterators, rng
-
-    return rng.capture(full=True), [(g, g.get_state()) for g in iterators.loader_generators(loader)]
-
-
-def _apply_snapshot(snapshot: tuple) -> None:
-    from . import rng
-
-    state, gens = snapshot
-    rng.apply(state)
-    for g, s in gens:
-        g.set_state(s)
-
-
 class ShardIterator:
     """An iterator over a ``DataLoaderShard`` that a checkpoint can hold (see `shard_iterators`)."""
 
@@ -273,7 +259,7 @@ class ShardIterator:
             if self._replay:
                 self._catch_up()
             else:
-                self.first = _loader_snapshot(self.loader)
+                self.first = training_state.loader_snapshot(self.loader, True)
                 self._gen = self._original(self.loader)
         item = next(self._gen)
         self.yielded += 1
@@ -286,10 +272,10 @@ class ShardIterator:
         loader = self.loader
         gs = getattr(loader, "gradient_state", None)
         saved = dict(loader.__dict__), (dict(gs.__dict__) if gs is not None else None)
-        now = _loader_snapshot(loader)
+        now = training_state.loader_snapshot(loader, True)
         try:
             assert self.first is not None
-            _apply_snapshot(self.first)
+            training_state.apply_loader_snapshot(self.first)
             gen = self._original(loader)
             after_first = None
             for i in range(self._replay):
@@ -306,7 +292,7 @@ class ShardIterator:
             if gs is not None and saved[1] is not None:
                 gs.__dict__.clear()
                 gs.__dict__.update(saved[1])
-            _apply_snapshot(now)
+            training_state.apply_loader_snapshot(now)
         self._gen = gen
         self._replay = 0
 

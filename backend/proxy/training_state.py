@@ -203,11 +203,13 @@ def _loader_iter_type() -> type:
     return _BaseDataLoaderIter
 
 
-def _snapshot(loader: Any, full: bool) -> tuple:
+def loader_snapshot(loader: Any, full: bool) -> tuple:
+    """The RNG state and the states of ``loader``'s own generators: what its next iterator will draw."""
     return rng.capture(full=full), [(g, g.get_state()) for g in iterators.loader_generators(loader)]
 
 
-def _apply(snapshot: tuple) -> None:
+def apply_loader_snapshot(snapshot: tuple) -> None:
+    """Put back what `loader_snapshot` took."""
     state, gens = snapshot
     rng.apply(state)
     for g, s in gens:
@@ -235,7 +237,7 @@ def _patch_dataloader(module: Any) -> None:
     def __iter__(self: Any) -> Any:
         leaf = iterators.Leaf(0, self)
         full = iterators.classify(leaf) == "full"
-        origin = LoaderOrigin(self, leaf.mode, full, _snapshot(self, full))
+        origin = LoaderOrigin(self, leaf.mode, full, loader_snapshot(self, full))
         it = original_iter(self)  # indices a worker iterator fetches here follow from `created`
         it.__dict__[_ORIGIN] = origin
         return it
@@ -244,7 +246,7 @@ def _patch_dataloader(module: Any) -> None:
     def _next_index(self: Any) -> Any:
         origin = self.__dict__.get(_ORIGIN)
         if origin is not None and origin.first is None:
-            origin.first = _snapshot(origin.loader, origin.full)
+            origin.first = loader_snapshot(origin.loader, origin.full)
         return original_next_index(self)
 
     __iter__._sg_patched = True  # type: ignore[attr-defined]
@@ -306,7 +308,7 @@ def _rebuild_loader_iter(loader: Any, mode: str, full: bool, created: tuple, fir
     """
     gens_now = [(g, g.get_state()) for g in iterators.loader_generators(loader)]
     try:
-        _apply(created)
+        apply_loader_snapshot(created)
         if into is None:
             it = iter(loader)
         else:  # what DataLoader.__iter__ does, in place
@@ -317,7 +319,7 @@ def _rebuild_loader_iter(loader: Any, mode: str, full: bool, created: tuple, fir
             it.__dict__[_ORIGIN] = LoaderOrigin(loader, mode, full, created)
         origin: LoaderOrigin = it.__dict__[_ORIGIN]
         if first is not None and origin.first is None:
-            _apply(first)  # the RNG at the original's first batch, when its sampler drew its seed
+            apply_loader_snapshot(first)  # the RNG at the original's first batch, when its sampler drew its seed
             origin.first = first
         return iterators.advance_loader_iterator(it, loader, mode, yielded, 0, "a DataLoader iterator")
     finally:
