@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from websockets.sync.client import connect
 
-from singularity_sdk import JobState, LocalCluster
+from singularity_sdk import EventType, JobState, LocalCluster
 
 SEED = 13
 REQUESTS = 2000
@@ -82,7 +82,10 @@ def test_hostile_requests_and_agent_messages_change_nothing(tmp_path):
             done = c.submit("print('done')\n42")
             assert done.wait(60) == JobState.SUCCEEDED
             running = c.submit("import time\nfor i in range(100000):\n    time.sleep(0.05)\n", name="runs")
-            while running.refresh().state != JobState.RUNNING:
+            # RUNNING is set when the job is placed; its worker reports `started` a moment later
+            deadline = time.monotonic() + 60
+            while not any(e.type == EventType.STARTED for e in running.events(follow=False)):
+                assert time.monotonic() < deadline, "the job's worker never started"
                 time.sleep(0.05)
         ws = stack.enter_context(connect(cluster.url.replace("http", "ws") + "/api/v1/agents/ws",
                                          additional_headers={"Authorization": f"Bearer {node_token}"}))
