@@ -1,4 +1,5 @@
-"""Gang placement on a map of free devices, shared by every policy so that all play by one rule.
+"""Gang placement on a map of free devices: the one rule for which devices a job gets, shared by
+every policy (so that all play by one rule) and by the server's migrate, resize and drain.
 
 Locality rule (the same for the Singularity policy and every baseline, live and simulated):
 
@@ -10,6 +11,9 @@ Locality rule (the same for the Singularity policy and every baseline, live and 
 Within those rules the choice is best fit: the node with the fewest free devices that still
 fits, which keeps large holes open for large jobs. Free devices are kept in buckets by count so
 that best fit costs O(D) per job and not O(nodes): a round over 1,000 nodes stays cheap.
+
+A job limited to some nodes (``only``: where its checkpoint resumes exactly; ``exclude``: the
+nodes a migration leaves) plays by the same rule over those nodes, D being the largest of them.
 """
 from __future__ import annotations
 
@@ -87,68 +91,65 @@ class FreeDevices:
         self.buckets[len(now)][node] = None
         self.total += len(now) - before
 
-    def best_fit(self, k: int, exclude: frozenset[str] | set[str] = frozenset()) -> Optional[str]:
-        """The node with the fewest free devices that still has ``k`` free, or None."""
+    def best_fit(self, k: int, exclude: frozenset[str] | set[str] = frozenset(),
+                 among: Optional[frozenset[str]] = None) -> Optional[str]:
+        """The node with the fewest free devices that still has ``k`` free, or None; only one of
+        ``among`` when given."""
         for c in range(max(k, 0), self.max_size + 1):
             for name in self.buckets[c]:
-                if name not in exclude:
+                if name not in exclude and (among is None or name in among):
                     return name
         return None
 
-    def fully_free(self) -> list[str]:
-        """Nodes with every device free, largest first."""
-        out = [n for c in range(self.max_size, 0, -1) for n in self.buckets[c] if c == self.size[n]]
+    def fully_free(self, among: Optional[frozenset[str]] = None) -> list[str]:
+        """Nodes with every device free, largest first; only those of ``among`` when given."""
+        out = [n for c in range(self.max_size, 0, -1) for n in self.buckets[c]
+               if c == self.size[n] and (among is None or n in among)]
         return out
 
-    def pick(self, p: int, prefer: Iterable[str] = (), only: Optional[frozenset[str]] = None) -> Optional[Placement]:
+    def pick(self, p: int, prefer: Iterable[str] = (), only: Optional[frozenset[str]] = None,
+             exclude: Iterable[str] = ()) -> Optional[Placement]:
         """Devices for a gang of ``p`` under the locality rule, or None if it does not fit now.
 
-        ``prefer`` lists nodes to use first when they fit (a growing job keeps its node);
-        ``only`` restricts the choice to those nodes (a checkpoint that resumes exactly only there).
+        The one rule for device choice: every policy, and the server's migrate, resize and
+        drain, place through it. First a filter, then a score:
+
+        - filter: the schedulable nodes, only those of ``only`` when given (where the job's
+          checkpoint resumes exactly), none of ``exclude`` (the nodes a migration leaves);
+          D is the size of the largest node that passes;
+        - score: P <= D runs on one node: a node of ``prefer`` first (in order; a growing job
+          keeps its node), else best fit; P > D takes whole free nodes, largest first, until at
+          most D remain, and best fit for the remainder.
         """
-        if p <= 0 or p > self.total:
+        among = None
+        total, largest = self.total, self.max_size
+        if only is not None or exclude:
+            gone = set(exclude)
+            among = frozenset(n for n in (self.free if only is None else only) if n in self.free and n not in gone)
+            total = sum(len(self.free[n]) for n in among)
+            largest = max((self.size[n] for n in among), default=0)
+        if p <= 0 or p > total:
             return None
-        if only is not None:
-            return self._pick_among(p, [n for n in prefer if n in only] + sorted(set(self.free) & only))
-        if p <= self.max_size:
+        if p <= largest:
             for name in prefer:
-                if self.count(name) >= p:
+                if (among is None or name in among) and self.count(name) >= p:
                     return {name: tuple(self.free[name][:p])}
-            node = self.best_fit(p)
+            node = self.best_fit(p, among=among)
             return None if node is None else {node: tuple(self.free[node][:p])}
         placement: Placement = {}
         need = p
-        whole = self.fully_free()
-        for name in whole:
-            if need <= self.max_size:
+        for name in self.fully_free(among):
+            if need <= largest:
                 break
             placement[name] = tuple(self.free[name])
             need -= len(placement[name])
-        if need > self.max_size:
+        if need > largest:
             return None
-        last = self.best_fit(need, exclude=set(placement))
+        last = self.best_fit(need, exclude=set(placement), among=among)
         if last is None:
             return None
         placement[last] = tuple(self.free[last][:need])
         return placement
-
-    def _pick_among(self, p: int, names: list[str]) -> Optional[Placement]:
-        """`pick` restricted to ``names`` (in order): one node when one fits (the fullest, to
-        pack), else whole free nodes plus one partial."""
-        fitting = [n for n in dict.fromkeys(names) if self.count(n) >= p]
-        if fitting:
-            node = min(fitting, key=lambda n: (self.count(n), names.index(n)))
-            return {node: tuple(self.free[node][:p])}
-        placement: Placement = {}
-        need = p
-        for name in sorted(dict.fromkeys(names), key=lambda n: -self.count(n)):
-            if need == 0:
-                break
-            take = min(need, self.count(name))
-            if take and (take == self.size[name] or need <= self.count(name)):
-                placement[name] = tuple(self.free[name][:take])
-                need -= take
-        return placement if need == 0 and placement else None
 
     def take_placement(self, placement: Placement) -> None:
         for node, devs in placement.items():

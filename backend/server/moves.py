@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 from typing import Any, Optional
 
+from backend.scheduler.placement import FreeDevices, fmt_placement
 from singularity_sdk.protocol import CheckpointJob, EventType, JobInfo, JobState, NodeInfo, NodeState
 
 from . import exact_nodes, ranks
@@ -185,8 +187,8 @@ class Moves:
             self.core.publish(row["user"], [ev])
             self.core.schedule()
             return
-        where = ", ".join(f"{n} {list(d)}" for n, d in target.items())
-        self.scheduling.start_attempt(row, target, f"resize to {size} device(s): {where}", JobState.RESIZING)
+        self.scheduling.start_attempt(row, target, f"resize to {size} device(s): {fmt_placement(target)}",
+                                      JobState.RESIZING)
 
     def _is_free(self, placement: dict[str, tuple[int, ...]], also: dict[str, tuple[int, ...]]) -> bool:
         """Whether every device of ``placement`` is free now, counting ``also`` as free."""
@@ -196,15 +198,17 @@ class Moves:
 
     def _find_room(self, gpus: int, exclude: set[str] = frozenset(), only: Optional[str] = None,
                    also: Optional[dict[str, tuple[int, ...]]] = None, among: Optional[frozenset[str]] = None):
-        """Devices for ``gpus`` now (packed onto few nodes), counting ``also`` as free; only on
-        ``among`` when given (where the job's checkpoint resumes exactly)."""
-        from backend.scheduler.fifo import pick_devices
-
-        snap = self.scheduling.snapshot()
-        nodes = [n for n in snap.nodes if n.schedulable and n.name not in exclude and (only is None or n.name == only)
-                 and (among is None or n.name in among)]
+        """Devices for ``gpus`` now, by the scheduler's own placement rule (``placement.py``: one
+        node when the job fits one, best fit), counting ``also`` as free; only on ``among`` when
+        given (where the job's checkpoint resumes exactly), only on ``only`` when given, never on
+        ``exclude`` (the nodes it leaves)."""
         extra = also or {}
-        return pick_devices(nodes, {n.name: sorted({*n.free, *extra.get(n.name, ())}) for n in nodes}, gpus)
+        nodes = [replace(n, used={d: j for d, j in n.used.items() if d not in extra[n.name]}) if n.name in extra else n
+                 for n in self.scheduling.snapshot().nodes]
+        allowed = among
+        if only is not None:
+            allowed = frozenset({only}) if among is None else frozenset({only}) & among
+        return FreeDevices(nodes).pick(gpus, only=allowed, exclude=exclude)
 
     def migrate_onwards(self, job_id: str, detail: dict[str, Any]) -> None:
         """The source ranks stopped at a checkpoint: start the job at its destination."""
@@ -220,8 +224,7 @@ class Moves:
             self.core.publish(row["user"], [ev])
             self.core.schedule()
             return
-        where = ", ".join(f"{n} {list(d)}" for n, d in target.items())
-        self.scheduling.start_attempt(row, target, f"migration to {where}", JobState.MIGRATING)
+        self.scheduling.start_attempt(row, target, f"migration to {fmt_placement(target)}", JobState.MIGRATING)
 
     def drain(self, caller_role: str, node: str) -> NodeInfo:
         """Move every job off ``node`` and take no new work there until undrained."""

@@ -46,3 +46,17 @@ def test_a_restricted_job_waits_takes_nothing_and_does_not_block_others():
     assert not [a for a in actions if isinstance(a, Place) and a.job_id == "r"]
     assert not [a for a in actions if isinstance(a, Preempt)]
     assert [a.placement for a in actions if isinstance(a, Place) and a.job_id == "w"] == [{"b": (0, 1)}]
+
+
+def test_free_devices_pick_is_one_rule_over_the_nodes_that_pass_the_filter():
+    snap = snapshot(0, {"a": 4, "b": 4, "c": 2, "d": 2}, [running("x", S, 2, {"a": (0, 1)})])
+    free = FreeDevices(snap.nodes)
+    # a migration leaving a: best fit among the rest (c has the fewest free that still fit)
+    assert free.pick(2, exclude={"a"}) == {"c": (0, 1)}
+    # fits one node (D = 4) yet no node but the one it leaves has 4 free: it waits, never split
+    assert free.pick(4, exclude={"b"}) is None
+    # D over the nodes it may use: 4 devices over two nodes of 2 take both whole
+    assert free.pick(4, only=frozenset({"c", "d"})) == {"c": (0, 1), "d": (0, 1)}
+    # a node it prefers comes first whether or not it is restricted
+    assert free.pick(2, prefer=["b"], only=frozenset({"a", "b"})) == {"b": (0, 1)}
+    assert free.pick(2, prefer=["b"]) == {"b": (0, 1)}

@@ -35,3 +35,16 @@ def test_unschedulable_nodes_are_skipped():
     n = (NodeView(name="a", devices=(0, 1), schedulable=False), NodeView(name="b", devices=(0,)))
     snap = Snapshot(now=0, nodes=n, jobs=(job("j", 1, 1.0),))
     assert fifo_policy(snap)[0].placement == {"b": (0,)}
+
+
+def test_a_job_that_fits_one_node_waits_for_one_rather_than_split():
+    # the shared locality rule (placement.py): 2 devices, the size of a node, run on one node
+    snap = Snapshot(now=0, nodes=nodes(("a", 2, {0: "x"}), ("b", 2, {0: "y"})), jobs=(job("j", 2, 1.0),))
+    assert fifo_policy(snap) == []
+
+
+def test_a_restricted_job_is_placed_only_on_its_nodes():
+    snap = Snapshot(now=0, nodes=nodes(("a", 2, {0: "x"}), ("b", 2, {})),
+                    jobs=(JobView(id="j", user="u", sla=SLA.STANDARD, state=JobState.QUEUED, gpus=1, submitted_at=1.0,
+                                  nodes=frozenset({"b"})),))
+    assert fifo_policy(snap)[0].placement == {"b": (0,)}
