@@ -151,7 +151,7 @@ def poll_cost() -> None:
             pass
 
     cut = ConsistentCut(every=10**9)
-    cut._attach(Channel())
+    cut.attach(Channel())
     n = 200_000
     t0 = time.perf_counter()
     for step in range(n):

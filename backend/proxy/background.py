@@ -19,12 +19,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .controller import CheckpointRequest
-    from .runtime import Runtime
-    from .store import RankFile
+from .store import RankFile
 
 #: niceness added to the writer thread, so on a small machine it yields the core to the training loop
 WRITER_NICENESS = 10
@@ -43,7 +40,7 @@ class Snapshot:
         self.bytes += len(piece)
         return len(piece)
 
-    def write_to(self, f: "RankFile") -> None:
+    def write_to(self, f: RankFile) -> None:
         for piece in self.parts:
             f.write(piece)
 
@@ -79,31 +76,3 @@ def _lowered(job: Callable[[], None]) -> Callable[[], None]:
             pass
         job()
     return run
-
-
-def applies(rt: "Runtime", request: "CheckpointRequest") -> bool:
-    """Whether this checkpoint may be written behind the loop."""
-    ctl = rt.ctl
-    return request.then == "continue" and ctl.world_size == 1 and getattr(ctl, "write_behind", False)
-
-
-def checkpoint(rt: "Runtime", boundary: Optional[int], label: int, started: float, wait_s: float) -> None:
-    """Snapshot now (a `CheckpointFailure` is raised here, as for a write), write and report behind."""
-    from .state import write_checkpoint
-
-    ctl = rt.ctl
-    snap, nbytes, rebuilt = write_checkpoint(rt, boundary, label, snapshot=True)
-    snapshot_s = time.monotonic() - started
-    ctl._checkpoint_written()
-
-    def job() -> None:
-        try:
-            ref = ctl.store.write(label, ctl.rank, 1, snap.write_to)
-        except Exception as e:  # disk full, permissions: the job runs on, the previous one stays
-            ctl._emit("checkpoint_failed", {"error": f"{type(e).__name__}: {e}", "variables": []})
-            return
-        ctl._emit("checkpointed", {"step": label, "bytes": nbytes, "seconds": time.monotonic() - started,
-                                   "snapshot_s": snapshot_s, "wait_s": wait_s, "path": str(ref.path),
-                                   "rebuilt": rebuilt, "background": True})
-
-    ctl.writer.submit(job)

@@ -177,7 +177,7 @@ class SingularityProcessGroup(dist.ProcessGroup):
         self._closed = False
         _LIVE.add(self)
         if cut is not None:
-            cut._attach(self)
+            cut.attach(self)
 
     # ------------------------------------------------------------------ identity
     def getBackendName(self) -> str:
@@ -568,7 +568,7 @@ class SingularityProcessGroup(dist.ProcessGroup):
         self._worker.drain()
         self._worker.stop()
         if self._cut is not None:
-            self._cut._detach(self)
+            self._cut.detach(self)
         if self._turns is not None:
             self._turns.leave()
         # Destroy the transport groups now, on this thread, while the interpreter is whole: left

@@ -2,50 +2,22 @@
 
 The program only ever reads ``controller.flag`` on its hot path.  Everything that needs the slow
 path (a checkpoint request, a step-armed stop, a periodic checkpoint coming due, a progress event
-once a second, a trace) raises the flag; the next safe point then calls `_poll` under the lock.
+once a second, a trace) raises the flag; the next safe point then calls `poll` under the lock.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
+from typing import Any, Callable, Optional
 
 from . import background
+from .checkpoint_request import CheckpointRequest, Then, merge
+from .ports import RuntimeView
 from .store import CheckpointStore
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .runtime import Runtime
-
 log = logging.getLogger(__name__)
-Then = Literal["continue", "stop"]
 PROGRESS_INTERVAL_S = 1.0
-
-
-@dataclass
-class CheckpointRequest:
-    """A checkpoint asked of the program, taken at its next safe point; ``then`` is "continue"
-    or "stop" (exit after it), ``reason`` what the events say."""
-
-    then: str
-    reason: str
-    requested_at: float
-    #: the checkpoint's number when the ranks of a job agreed on one (their own safe-point
-    #: counts may differ: a loop only rank 0 runs); None = this rank's step
-    label: Optional[int] = None
-    #: monotonic time by which a safe point must take it, else it is answered checkpoint_failed
-    deadline: Optional[float] = None
-
-
-def _merge(a: Optional[CheckpointRequest], b: CheckpointRequest) -> CheckpointRequest:
-    """Two pending requests become one; 'stop' wins, the earlier request time is kept (for wait_s)."""
-    if a is None:
-        return b
-    upgrade = b.then == "stop" and a.then != "stop"
-    bounds = [d for d in (a.deadline, b.deadline) if d is not None]
-    return CheckpointRequest("stop" if upgrade else a.then, b.reason if upgrade else a.reason,
-                    min(a.requested_at, b.requested_at), deadline=min(bounds) if bounds else None)
 
 
 class Controller:
@@ -73,8 +45,8 @@ class Controller:
         self._periodic_due = False
         self._next_periodic = 0.0
         self._periodic_due_at = 0.0
-        self._trace: Optional[Callable[[int, dict], None]] = None
-        self._runtime: Optional["Runtime"] = None
+        self.tracer: Optional[Callable[[int, dict], None]] = None
+        self._runtime: Optional[RuntimeView] = None
         #: the thread that runs the program (sampled to say where it is when a request times out)
         self._thread_id: Optional[int] = None
         #: the deterministic settings last reported in an ``exactness`` event (None: not yet)
@@ -100,14 +72,14 @@ class Controller:
             raise ValueError("timeout_s must be positive seconds")
         rt = self._runtime
         if rt is not None and not rt.program.has_safe_points:
-            self._emit("checkpoint_failed", {
+            self.emit("checkpoint_failed", {
                 "error": "this program has no safe points (no loops and a single statement, or a callable "
                          "whose source is unavailable): it cannot be checkpointed while it runs",
                 "variables": []})
             return
         now = time.monotonic()
         with self._lock:
-            self._pending = _merge(self._pending, CheckpointRequest(
+            self._pending = merge(self._pending, CheckpointRequest(
                 then, reason, now, deadline=None if timeout_s is None else now + timeout_s))
             self.flag = True
         if timeout_s is not None:
@@ -144,7 +116,7 @@ class Controller:
         spot = where.locate(self._thread_id, rt.program.filename) if rt is not None and self._thread_id else {}
         waited = now - request.requested_at
         what = "no safe point reached" if stage == "safe point" else "the ranks reached no common safe point"
-        self._emit("checkpoint_failed", {
+        self.emit("checkpoint_failed", {
             "error": f"{what} within {waited:.0f} s: the job is at {where.describe(spot)}. "
                      f"Safe points are at the top of the loops the engine instruments (see the job's "
                      f"'interruptible' event); the job runs on untouched",
@@ -161,15 +133,15 @@ class Controller:
     def trace_safe_points(self, callback: Optional[Callable[[int, dict], None]]) -> None:
         """Call ``callback(step, position)`` at every safe point (slow: a debugging aid)."""
         with self._lock:
-            self._trace = callback
+            self.tracer = callback
             self.flag = self._wants_slow_path()
 
     # ------------------------------------------------------------------ used by the runtime
     def _wants_slow_path(self) -> bool:
-        return (self._pending is not None or self._at_step is not None or self._trace is not None
+        return (self._pending is not None or self._at_step is not None or self.tracer is not None
                 or self._progress_due or self._periodic_due)
 
-    def _poll(self, rt: "Runtime") -> tuple[Optional[CheckpointRequest], bool]:
+    def poll(self, rt: RuntimeView) -> tuple[Optional[CheckpointRequest], bool]:
         now = time.monotonic()
         expired: Optional[CheckpointRequest] = None
         with self._lock:
@@ -177,7 +149,7 @@ class Controller:
             if request is not None and request.deadline is not None and now > request.deadline:
                 expired, request = request, None  # answered already (or about to be) as timed out
             if self._at_step is not None and rt.step >= self._at_step[0]:
-                request = _merge(request, CheckpointRequest(self._at_step[1], f"step {self._at_step[0]}", now))
+                request = merge(request, CheckpointRequest(self._at_step[1], f"step {self._at_step[0]}", now))
                 self._at_step = None
             if self._periodic_due:
                 self._periodic_due = False
@@ -193,7 +165,7 @@ class Controller:
             self._report_exactness()
         return request, progress
 
-    def _poll_progress(self) -> bool:
+    def poll_progress(self) -> bool:
         """At a safe point that cannot be used (see `frames`): take only the progress tick; a
         checkpoint request stays pending (and the flag raised) for the next usable safe point."""
         with self._lock:
@@ -209,25 +181,25 @@ class Controller:
         now = fingerprint.settings()
         if now != self._exactness_reported:
             self._exactness_reported = now
-            self._emit("exactness", fingerprint.report())
+            self.emit("exactness", fingerprint.report())
 
-    def _all_written(self, mine: bool) -> bool:
+    def all_written(self, mine: bool) -> bool:
         """Whether every rank of the job wrote its part of this checkpoint (one rank: ``mine``)."""
         return mine
 
-    def _checkpoint_written(self) -> None:
+    def checkpoint_written(self) -> None:
         if self.checkpoint_every is not None:
             with self._lock:
                 self._next_periodic = time.monotonic() + self.checkpoint_every
                 self._periodic_due = False
 
-    def _emit(self, type_: str, data: dict[str, Any]) -> None:
+    def emit(self, type_: str, data: dict[str, Any]) -> None:
         try:
             self.on_event(type_, data)
         except Exception:  # a broken listener must not break the user's program
             log.exception("on_event(%r) raised", type_)
 
-    def _attach(self, rt: "Runtime") -> None:
+    def attach(self, rt: RuntimeView) -> None:
         self._runtime = rt
         self._thread_id = threading.get_ident()
         now = time.monotonic()
@@ -237,7 +209,7 @@ class Controller:
         self._ticker = threading.Thread(target=self._tick_loop, name="proxy-ticker", daemon=True)
         self._ticker.start()
 
-    def _detach(self) -> None:
+    def detach(self) -> None:
         self.writer.wait()  # a checkpoint being written behind the loop commits before the run ends
         self._stop_ticker.set()
         if self._ticker is not None:

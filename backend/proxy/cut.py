@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from .controller import Controller, CheckpointRequest
+from .checkpoint_request import CheckpointRequest
+from .controller import Controller
 
 CONTINUE = 1
 STOP = 2
@@ -159,14 +160,14 @@ class ConsistentCut:
         return self.poll(step) is not None
 
     # ------------------------------------------------------------------ used by the process group
-    def _attach(self, channel: FlagChannel) -> None:
+    def attach(self, channel: FlagChannel) -> None:
         with self._cond:
             self._channel = channel
             self._issued = self._resolved = 0
             self._agreed = 0
             self._window_step = None
 
-    def _detach(self, channel: FlagChannel) -> None:
+    def detach(self, channel: FlagChannel) -> None:
         with self._cond:
             if self._channel is channel:
                 self._channel = None
@@ -205,7 +206,7 @@ class DistributedController(Controller):
 
     Local requests (`request_checkpoint`, `checkpoint_at_step`, the periodic timer, which only
     rank 0 runs) become cut requests; every safe point takes the slow path and asks the cut.
-    The runtime needs no change: it calls ``_poll`` whenever ``flag`` is set, and it always is.
+    The runtime needs no change: it calls ``poll`` whenever ``flag`` is set, and it always is.
     """
 
     def __init__(self, store: Any, rank: int, world_size: int, cut: Optional[ConsistentCut] = None,
@@ -235,8 +236,8 @@ class DistributedController(Controller):
     def _wants_slow_path(self) -> bool:
         return True
 
-    def _poll(self, rt: Any) -> tuple[Optional[CheckpointRequest], bool]:
-        request, progress = super()._poll(rt)
+    def poll(self, rt: Any) -> tuple[Optional[CheckpointRequest], bool]:
+        request, progress = super().poll(rt)
         if request is not None:
             self.cut.request(request.then, request.reason)
             if request.deadline is not None:
@@ -264,7 +265,7 @@ class DistributedController(Controller):
         self._withdrawn = True  # whatever agreement is reached next for it must not be acted on
         super()._report_timeout(request, now, stage)
 
-    def _all_written(self, mine: bool) -> bool:
+    def all_written(self, mine: bool) -> bool:
         """Agree on the outcome: if any rank could not write its part, no rank stops (the set will
         never be complete) and the job runs on, as a one-rank job does after a failed checkpoint.
         The same holds when the parts went to places that never meet (`store.meeting_point`):
@@ -279,7 +280,7 @@ class DistributedController(Controller):
             try:
                 here = meeting_point(self.store.root)
             except OSError as exc:
-                self._emit("checkpoint_failed", {"error": f"cannot read where the parts meet: {exc}", "variables": []})
+                self.emit("checkpoint_failed", {"error": f"cannot read where the parts meet: {exc}", "variables": []})
                 mine = False
         t = torch.tensor([1 if mine else 0, here, -here], dtype=torch.int64)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
@@ -287,7 +288,7 @@ class DistributedController(Controller):
             return False
         if t[1].item() != -t[2].item():  # the ranks' parts are in folders that are not one
             if self.rank == 0:
-                self._emit("checkpoint_failed", {"error": (
+                self.emit("checkpoint_failed", {"error": (
                     "the ranks' parts of this checkpoint were written on nodes that share no checkpoint "
                     "folder, so no rank can commit them: serve with --store URL (its agents then bring the "
                     "parts together), or give every node the same checkpoint folder (--checkpoint-root on "

@@ -46,7 +46,6 @@ from typing import Any, BinaryIO, Callable, Optional, Union
 import torch
 
 from . import digest as digest_module
-from . import training_state
 from .store import BLOB_DIR
 
 __all__ = ["BLOB_DIR", "BlobStore", "DumpStats", "dump", "dumps", "load", "dedup_pickler", "dedup_unpickler"]
@@ -228,6 +227,9 @@ def _set_attributes(obj: torch.Tensor, state: dict) -> None:
 def dedup_pickler(base: type = pickle.Pickler) -> type:
     """A subclass of ``base`` (e.g. the engine's cloudpickle Pickler) that sends tensors to blobs.
 
+    ``on_tensor`` (a constructor argument) is called once for every tensor it writes: the engine
+    notes them there, to write their ``.grad`` at the end of the graph.
+
     Tensors are reduced in ``reducer_override``, which pickle calls only for objects that are not
     builtin values or containers (a ``persistent_id`` would be called for every int and string:
     most of the time of a graph of many small tensors).  Pickle's memo keeps a tensor referenced
@@ -235,8 +237,10 @@ def dedup_pickler(base: type = pickle.Pickler) -> type:
     """
 
     class DedupPickler(base):  # type: ignore[misc, valid-type]
-        def __init__(self, file: BinaryIO, blobs: Optional[BlobStore], stats: DumpStats, protocol: int = 5) -> None:
+        def __init__(self, file: BinaryIO, blobs: Optional[BlobStore], stats: DumpStats, protocol: int = 5,
+                     on_tensor: Optional[Callable[[Any], None]] = None) -> None:
             super().__init__(file, protocol=protocol)
+            self._on_tensor = on_tensor
             self._blobs = blobs
             self._stats = stats
             self._storages: dict[int, tuple[int, Optional[str]]] = {}  # storage's _cdata -> (index, digest)
@@ -251,7 +255,8 @@ def dedup_pickler(base: type = pickle.Pickler) -> type:
             return parent(obj) if parent is not None else NotImplemented
 
         def _reduce_tensor(self, obj: torch.Tensor) -> tuple:
-            training_state.note_tensor(obj)  # its .grad is written at the end of the graph
+            if self._on_tensor is not None:
+                self._on_tensor(obj)
             storage = obj.untyped_storage()
             first = storage._cdata not in self._storages
             storage_index, digest = self._store(storage)
@@ -377,7 +382,7 @@ def _storage_from_buffer(data: Any, nbytes: int) -> torch.UntypedStorage:
 
 
 def dump(obj: Any, f: BinaryIO, blobs: Optional[BlobStore], pickler: Optional[type] = None,
-         protocol: int = 5) -> DumpStats:
+         protocol: int = 5, on_tensor: Optional[Callable[[Any], None]] = None) -> DumpStats:
     """Pickle ``obj`` to ``f`` with its tensors' storages in ``blobs`` (inline when None or small).
 
     Returns once every blob the pickle references is complete (including ones other writers
@@ -385,7 +390,7 @@ def dump(obj: Any, f: BinaryIO, blobs: Optional[BlobStore], pickler: Optional[ty
     """
     stats = DumpStats()
     counter = _Counting(f)
-    p = dedup_pickler(pickler or pickle.Pickler)(counter, blobs, stats, protocol)
+    p = dedup_pickler(pickler or pickle.Pickler)(counter, blobs, stats, protocol, on_tensor)
     collecting = gc.isenabled()
     gc.disable()  # pickling makes no garbage cycles; a full collection mid-way doubled its time
     try:

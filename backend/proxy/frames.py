@@ -14,10 +14,9 @@ from __future__ import annotations
 import functools
 import types
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, Union
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .program import ResumableProgram
+from .ports import ProgramView
 
 _positions: dict[types.CodeType, list] = {}
 
@@ -44,7 +43,7 @@ def function_of(fn: Any) -> tuple[Optional[types.FunctionType], tuple]:
     return None, ()
 
 
-def _call_at(program: "ResumableProgram", fid: int, frame: types.FrameType) -> Optional[int]:
+def _call_at(program: ProgramView, fid: int, frame: types.FrameType) -> Optional[int]:
     """The call site (node id) a frame is executing, from its current instruction's source span."""
     code = frame.f_code
     table = _positions.get(code)
@@ -56,7 +55,7 @@ def _call_at(program: "ResumableProgram", fid: int, frame: types.FrameType) -> O
     return program.call_spans.get(fid, {}).get(tuple(table[index]))
 
 
-def _callee_matches(program: "ResumableProgram", cid: int, caller: types.FrameType, callee: types.FrameType) -> bool:
+def _callee_matches(program: ProgramView, cid: int, caller: types.FrameType, callee: types.FrameType) -> bool:
     """Whether the call site's callee expression, evaluated in the caller, is the callee's function."""
     text = program.nodes[cid].callee
     try:
@@ -67,7 +66,7 @@ def _callee_matches(program: "ResumableProgram", cid: int, caller: types.FrameTy
     return func is not None and func.__code__ is callee.f_code
 
 
-def user_chain(program: "ResumableProgram", stack: list, start: Optional[types.FrameType],
+def user_chain(program: ProgramView, stack: list, start: Optional[types.FrameType],
                transparent: types.CodeType) -> Union[list[UserFrame], str]:
     """The user frames from the top level down to ``start``'s innermost program frame, outermost
     first, each with its share of ``stack``; or a string saying why this safe point is unusable.

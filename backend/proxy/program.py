@@ -251,7 +251,7 @@ class ResumableProgram:
         if self.fallback_reason and self.kind == "callable":
             warnings.warn(f"{self.fn!r} runs without safe points: {self.fallback_reason}", RuntimeWarning,
                           stacklevel=2)
-        controller._attach(rt)
+        controller.attach(rt)
         libraries.bind(rt)
         try:
             if self.kind == "source":
@@ -259,7 +259,7 @@ class ResumableProgram:
             return self._run_callable(rt, namespace, globals_, graph)
         finally:
             libraries.bind(None)
-            controller._detach()
+            controller.detach()
 
     def _folder(self) -> Optional[str]:
         """The job's own folder, whose modules are the user's: the script's, or a cell's working

@@ -1,8 +1,8 @@
 """What the rewritten code calls: loop frames, safe points, and the walk back into a restored position.
 
-The hot path is `ForFrame.__next__` / `WhileFrame.tick`: one counter increment, one step
-increment and one plain attribute test (``controller.flag``).  Everything else (progress events,
-checkpoints, periodic timers) happens only when another thread has raised that flag.
+The hot path is the loop frames' (loops.py): one counter increment, one step increment and one
+plain attribute test (``controller.flag``).  Everything else (progress events, checkpoints,
+periodic timers) happens only when another thread has raised that flag.
 
 Frames form a stack that mirrors the tracked statements currently executing; at a safe point
 the stack *is* the position.  On restore the recorded path is walked again: guarded statements
@@ -19,130 +19,15 @@ import sys
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from . import background, frames, iterators, rng
-from .errors import CheckpointError, CheckpointFailure, Preempted
+from . import frames, iterators, rng, taking
+from .errors import CheckpointError, Preempted
+from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
+from .ports import ControllerView, ProgramView
 from .rewrite import RT
 
 _get_ident = threading.get_ident
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .controller import Controller, CheckpointRequest
-    from .program import ResumableProgram
-
-
-class ForFrame:
-    """A running ``for`` loop: counts fetched items; its ``__next__`` is the safe point."""
-
-    __slots__ = ("rt", "ctl", "node", "it", "source", "desc", "fetched", "current", "pending")
-    kind = "for"
-
-    def __init__(self, rt: "Runtime", node: int, it: Iterator[Any], source: Optional[iterators.LoopSource],
-                 desc: Optional[dict], fetched: int, pending: Optional[str] = None, current: Any = None) -> None:
-        self.rt = rt
-        self.ctl = rt.ctl
-        self.node = node
-        self.it = it
-        self.source = source
-        self.desc = desc
-        self.fetched = fetched
-        self.current = current
-        self.pending = pending
-
-    def __iter__(self) -> "ForFrame":
-        return self
-
-    def __next__(self) -> Any:
-        if self.pending is not None:
-            return self._resume()
-        rt = self.rt
-        rt.step += 1
-        if self.ctl.flag:
-            rt.safe_point(None)
-        item = next(self.it)
-        self.fetched += 1
-        self.current = item
-        return item
-
-    def _resume(self) -> Any:
-        """First ``next()`` after a restore: no safe point, it was taken before the checkpoint."""
-        pending, self.pending = self.pending, None
-        if pending == "inside":  # resuming inside the body: hand the same item back
-            return self.current
-        item = next(self.it)
-        self.fetched += 1
-        self.current = item
-        return item
-
-    @property
-    def count(self) -> int:
-        return self.fetched
-
-
-class WhileFrame:
-    """A running ``while`` loop; ``tick()`` runs before each test of its condition."""
-
-    __slots__ = ("rt", "ctl", "node", "ticks", "pending")
-    kind = "while"
-
-    def __init__(self, rt: "Runtime", node: int, ticks: int = 0, pending: Optional[str] = None) -> None:
-        self.rt = rt
-        self.ctl = rt.ctl
-        self.node = node
-        self.ticks = ticks
-        self.pending = pending
-
-    def tick(self) -> bool:
-        """Return True only to re-enter the body without re-testing the condition (restore)."""
-        if self.pending is not None:
-            pending, self.pending = self.pending, None
-            if pending == "inside":
-                return True
-            self.ticks += 1
-            return False
-        rt = self.rt
-        rt.step += 1
-        if self.ctl.flag:
-            rt.safe_point(None)
-        self.ticks += 1
-        return False
-
-    @property
-    def count(self) -> int:
-        return self.ticks
-
-
-class IfFrame:
-    __slots__ = ("node", "branch")
-    kind = "if"
-
-    def __init__(self, node: int, branch: bool) -> None:
-        self.node = node
-        self.branch = branch
-
-
-class BlockFrame:
-    """Frame of a ``with`` or ``try`` body; a context manager so Python pops it on any exit."""
-
-    __slots__ = ("rt", "node", "kind")
-
-    def __init__(self, rt: "Runtime", node: int, kind: str) -> None:
-        self.rt = rt
-        self.node = node
-        self.kind = kind
-
-    def __enter__(self) -> "BlockFrame":
-        self.rt.stack.append(self)
-        return self
-
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
-        stack = self.rt.stack
-        if stack and stack[-1] is self:
-            stack.pop()
-        if et is None and self.rt.preempted_exc is not None:
-            raise self.rt.preempted_exc  # a context manager inside swallowed the preemption
-        return False
 
 
 class _NoStack(list):
@@ -165,7 +50,7 @@ class Runtime:
 
     Preempted = Preempted
 
-    def __init__(self, program: "ResumableProgram", namespace: dict, controller: "Controller") -> None:
+    def __init__(self, program: ProgramView, namespace: dict, controller: ControllerView) -> None:
         self.program = program
         self.ns = namespace
         self.ctl = controller
@@ -191,7 +76,8 @@ class Runtime:
         self._restored_locals: Optional[dict] = None
         self._saved_scope: dict = {}
         self.restore_started = 0.0  # set by the program before it loads the checkpoint
-        self._unpicklable_cache: dict[str, int] = {}
+        #: names found unpicklable at an earlier checkpoint (state.py tries them last)
+        self.unpicklable_cache: dict[str, int] = {}
 
     # ------------------------------------------------------------------ restore navigation
     def begin_restore(self, path: list[dict], step: int, rng_state: dict, saved_locals: Optional[dict],
@@ -224,7 +110,7 @@ class Runtime:
                                  "rebuilt": list(self.rebuilt)}
         # Reported here, when the position is reached, not when loading begins: "resumed" then
         # means the next iteration is the first new one (migration times are measured to it).
-        self.ctl._emit("resumed", dict(self.ctl.last_restore))
+        self.ctl.emit("resumed", dict(self.ctl.last_restore))
 
     def go(self, node: int) -> bool:
         return self._path[self._depth]["node"] == node
@@ -381,18 +267,18 @@ class Runtime:
         """Slow path, entered only when the controller raised its flag."""
         chain = self._user_chain()
         if isinstance(chain, str):  # not usable: requests wait for the next usable safe point
-            if self.ctl._poll_progress():
-                self.ctl._emit("progress", {"step": self.step, "loops": self.loop_counters()})
+            if self.ctl.poll_progress():
+                self.ctl.emit("progress", {"step": self.step, "loops": self.loop_counters()})
             return
-        request, progress = self.ctl._poll(self)
+        request, progress = self.ctl.poll(self)
         if progress:
-            self.ctl._emit("progress", {"step": self.step, "loops": self.loop_counters()})
-        if self.ctl._trace is not None:
-            self.ctl._trace(self.step, self.describe_position(boundary, chain))
+            self.ctl.emit("progress", {"step": self.step, "loops": self.loop_counters()})
+        if self.ctl.tracer is not None:
+            self.ctl.tracer(self.step, self.describe_position(boundary, chain))
         if request is not None:
             self.chain = chain
             try:
-                self._checkpoint(request, boundary)
+                taking.take(self, request, boundary)
             finally:
                 self.chain = None
 
@@ -412,36 +298,6 @@ class Runtime:
         if chain is not None and len(chain) > 1:
             out["functions"] = [self.program.defs[u.fid].name for u in chain[1:]]
         return out
-
-    def _checkpoint(self, request: "CheckpointRequest", boundary: Optional[int]) -> None:
-        from .state import write_checkpoint
-
-        ctl = self.ctl
-        started = time.monotonic()
-        wait_s = max(0.0, started - request.requested_at)
-        label = self.step if request.label is None else request.label
-        ctl._emit("checkpoint_started", {"step": label, "reason": request.reason, "then": request.then})
-        failure: Optional[dict] = None
-        try:
-            if background.applies(self, request):  # snapshot now; write and report behind the loop
-                background.checkpoint(self, boundary, label, started, wait_s)
-                return
-            ref, nbytes, rebuilt = write_checkpoint(self, boundary, label)
-        except CheckpointFailure as e:
-            failure = {"error": str(e), "variables": e.variables}
-        except Exception as e:  # disk full, permissions...: report, keep running
-            failure = {"error": f"{type(e).__name__}: {e}", "variables": []}
-        if failure is not None:
-            ctl._emit("checkpoint_failed", failure)
-        if not ctl._all_written(failure is None) or failure is not None:
-            return  # every rank of the job runs on: none stops at a checkpoint another rank lacks
-        ctl._checkpoint_written()
-        ctl._emit("checkpointed", {"step": label, "bytes": nbytes, "seconds": time.monotonic() - started,
-                                   "wait_s": wait_s, "path": str(ref.path), "rebuilt": rebuilt})
-        if request.then == "stop":
-            self.preempting = True
-            self.preempted_exc = Preempted(ref)
-            raise self.preempted_exc
 
 
 _REENTER_CODE = Runtime.reenter.__code__

@@ -47,16 +47,16 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import cloudpickle
 
-from . import background, context, digest, handles, iterators, lazy, libraries, rng, training_state
+from . import background, context, digest, fingerprint, handles, iterators, lazy, libraries, rng, training_state
 from .errors import CheckpointError, CheckpointFailure
+from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
+from .ports import RuntimeView
 from .rewrite import PREFIX
 from .store import CheckpointDamaged, CheckpointStore, DigestMismatch, expected_digest
-from . import fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from .runtime import Runtime
     from .store import CheckpointRef, RankFile
 
 try:
@@ -239,7 +239,7 @@ def _keep(name: str) -> bool:
     return name not in _SKIP_NAMES and not name.startswith(PREFIX)
 
 
-def _with_targets(rt: "Runtime", entries: Optional[list] = None) -> set[str]:
+def _with_targets(rt: RuntimeView, entries: Optional[list] = None) -> set[str]:
     """``as`` targets of active with statements: the restore re-enters their headers anyway."""
     names: set[str] = set()
     for frame in rt.stack if entries is None else entries:
@@ -248,13 +248,13 @@ def _with_targets(rt: "Runtime", entries: Optional[list] = None) -> set[str]:
     return names
 
 
-def _frame_locals(rt: "Runtime", fid: int, frame: Any, entries: list) -> dict:
+def _frame_locals(rt: RuntimeView, fid: int, frame: Any, entries: list) -> dict:
     """The variables of a user function's frame that a restore puts back (not its ``with`` targets)."""
     wanted = set(rt.program.defs[fid].local_names) - _with_targets(rt, entries)
     return {k: v for k, v in frame.f_locals.items() if k in wanted}
 
 
-def _position(rt: "Runtime", boundary: Optional[int]) -> tuple[list[dict], list[CheckpointFailure]]:
+def _position(rt: RuntimeView, boundary: Optional[int]) -> tuple[list[dict], list[CheckpointFailure]]:
     """The frame stack as records, outermost first; loops whose iterator cannot be saved are
     returned as failures.  Between the records of two user frames stands a ``call`` record with
     the callee's id and locals (all frames' locals are pickled in the one graph, so objects they
@@ -283,12 +283,10 @@ def _position(rt: "Runtime", boundary: Optional[int]) -> tuple[list[dict], list[
     return records, failures
 
 
-def _records(rt: "Runtime", entries: list, boundary: Optional[int], last: int,
+def _records(rt: RuntimeView, entries: list, boundary: Optional[int], last: int,
              failures: list[CheckpointFailure]) -> list[dict]:
     """Records of one frame's loops, branches and blocks; ``last`` is the index of the safe point's
     own loop among them (entries before it are loops the restore resumes inside)."""
-    from .runtime import BlockFrame, ForFrame, IfFrame, WhileFrame
-
     nodes = rt.program.nodes
     records: list[dict] = []
     for depth, frame in enumerate(entries):
@@ -321,11 +319,11 @@ def _records(rt: "Runtime", entries: list, boundary: Optional[int], last: int,
     return records
 
 
-def _current_statement(rt: "Runtime", position: list[dict]) -> int:
+def _current_statement(rt: RuntimeView, position: list[dict]) -> int:
     return rt.program.nodes[position[0]["node"]].top_index if position else len(rt.program.statements)
 
 
-def _rebuild_statement(rt: "Runtime", name: str, current: int) -> Optional[int]:
+def _rebuild_statement(rt: RuntimeView, name: str, current: int) -> Optional[int]:
     """Index of the one executed simple statement that can recreate ``name``, if that is sound."""
     program = rt.program
     stmts = program.statements
@@ -343,7 +341,7 @@ def _rebuild_statement(rt: "Runtime", name: str, current: int) -> Optional[int]:
 
 
 # --------------------------------------------------------------------------- writing
-def _variables(rt: "Runtime") -> tuple[dict, Optional[dict]]:
+def _variables(rt: RuntimeView) -> tuple[dict, Optional[dict]]:
     """The top-level frame's variables: the namespace, and a submitted callable's locals."""
     skip = _with_targets(rt, rt.chain[0].entries if rt.chain else None)
     namespace = {k: v for k, v in rt.ns.items() if _keep(k) and k not in skip}
@@ -377,7 +375,7 @@ def _diagnose(namespace: dict, saved_locals: Optional[dict],
     return bad
 
 
-def write_checkpoint(rt: "Runtime", boundary: Optional[int], label: Optional[int] = None,
+def write_checkpoint(rt: RuntimeView, boundary: Optional[int], label: Optional[int] = None,
                      snapshot: bool = False) -> tuple[Any, int, list[str]]:
     """Write this rank's part of a checkpoint at the current safe point, as checkpoint number
     ``label`` (default: this rank's step; the ranks of a job pass the number they agreed on).
@@ -396,7 +394,7 @@ def write_checkpoint(rt: "Runtime", boundary: Optional[int], label: Optional[int
         _SAVE_NS.reset(token)
 
 
-def _write_checkpoint(rt: "Runtime", boundary: Optional[int], label: int,
+def _write_checkpoint(rt: RuntimeView, boundary: Optional[int], label: int,
                       snapshot: bool) -> tuple[Any, int, list[str]]:
     ctl = rt.ctl
     position, loop_failures = _position(rt, boundary)
@@ -406,7 +404,7 @@ def _write_checkpoint(rt: "Runtime", boundary: Optional[int], label: int,
 
     # variables found unpicklable by an earlier checkpoint and still bound to the same object
     rebuild: dict[str, int] = {}
-    for name, obj_id in rt._unpicklable_cache.items():
+    for name, obj_id in rt.unpicklable_cache.items():
         if name in scope and id(scope[name]) == obj_id:
             index = _rebuild_statement(rt, name, current)
             if index is not None:
@@ -427,7 +425,7 @@ def _write_checkpoint(rt: "Runtime", boundary: Optional[int], label: int,
                 stuck.append((name, type_name, err, advice))
             else:
                 rebuild[name] = index
-                rt._unpicklable_cache[name] = id(scope[name])
+                rt.unpicklable_cache[name] = id(scope[name])
         return stuck
 
     if loop_failures:
@@ -475,7 +473,7 @@ def _without(d: Optional[dict], names: dict) -> dict:
     return {k: v for k, v in (d or {}).items() if k not in names}
 
 
-def _graph(rt: "Runtime", position: list[dict], namespace: dict, saved_locals: Optional[dict],
+def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals: Optional[dict],
            rebuild: dict[str, int]) -> dict:
     by_statement: dict[int, list[str]] = {}
     for name, index in rebuild.items():
@@ -524,7 +522,7 @@ def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,
 
     with notes:
         stats = dedup.dump(graph, f, dedup.BlobStore(blob_dir) if blob_dir is not None else None,
-                           pickler=PICKLE_MODULE.Pickler, protocol=5)
+                           pickler=PICKLE_MODULE.Pickler, protocol=5, on_tensor=training_state.note_tensor)
     if blobs is not None:
         blobs.update(stats.storages)
     return stats.blob_bytes_written
@@ -612,7 +610,7 @@ def load_graph(ref: "CheckpointRef", rank: int, target_namespace: dict, identity
     return graph
 
 
-def rebuild_variables(rt: "Runtime", graph: dict, globals_: dict, locals_: Optional[dict]) -> list[str]:
+def rebuild_variables(rt: RuntimeView, graph: dict, globals_: dict, locals_: Optional[dict]) -> list[str]:
     """Re-run the statements recorded in ``graph['rebuild']``; their output is suppressed.
 
     First the DataLoader iterators the load left as shells are made (the namespace is in place now).

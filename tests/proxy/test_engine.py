@@ -559,8 +559,8 @@ def test_safe_point_fast_path_does_not_touch_the_controller(tmp_path, monkeypatc
     """With nothing requested, a safe point is one flag test: the controller's slow path runs only
     for the once-a-second progress tick. (Its cost is measured in bench/, not asserted here.)"""
     calls = []
-    real_poll = Controller._poll
-    monkeypatch.setattr(Controller, "_poll", lambda self, rt: calls.append(1) or real_poll(self, rt))
+    real_poll = Controller.poll
+    monkeypatch.setattr(Controller, "poll", lambda self, rt: calls.append(1) or real_poll(self, rt))
     t0 = time.monotonic()
     ResumableProgram.from_source("for i in range(200000):\n    pass\n").run({}, Controller(_store(tmp_path)))
     assert len(calls) <= 1 + int(time.monotonic() - t0)

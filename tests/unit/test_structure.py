@@ -8,13 +8,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("backend", "singularity_sdk", "jupyter_ext")
-#: Known cycles being paid down (each named in the closing note of its issue); a new one fails.
-KNOWN_MODULE_CYCLES = [
-    # the proxy's engine: runtime, program, state, frames, controller and background refer to
-    # each other's types (mostly for annotations); to be split along a leaf module of shared types
-    {"backend.proxy.background", "backend.proxy.controller", "backend.proxy.frames", "backend.proxy.program",
-     "backend.proxy.runtime", "backend.proxy.state"},
-]
 #: private names of other libraries that the proxy must reach (no public equivalent exists)
 FOREIGN_PRIVATE_OK = {"torch", "IPython"}
 
@@ -113,12 +106,8 @@ def test_no_package_imports_one_that_imports_it_back():
     assert _cycles(graph) == []
 
 
-def test_no_new_import_cycle_between_modules():
-    cycles = _cycles(_graph())
-    new = [c for c in cycles if c not in KNOWN_MODULE_CYCLES]
-    assert not new, new
-    gone = [c for c in KNOWN_MODULE_CYCLES if c not in cycles]
-    assert not gone, f"these cycles are gone: remove them from KNOWN_MODULE_CYCLES: {gone}"
+def test_no_import_cycle_between_modules():
+    assert _cycles(_graph()) == []
 
 
 def test_no_private_name_is_imported_across_modules():

@@ -1,0 +1,32 @@
+"""A checkpoint asked of a running program, and how two pending requests become one."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+Then = Literal["continue", "stop"]
+
+
+@dataclass
+class CheckpointRequest:
+    """A checkpoint asked of the program, taken at its next safe point; ``then`` is "continue"
+    or "stop" (exit after it), ``reason`` what the events say."""
+
+    then: str
+    reason: str
+    requested_at: float
+    #: the checkpoint's number when the ranks of a job agreed on one (their own safe-point
+    #: counts may differ: a loop only rank 0 runs); None = this rank's step
+    label: Optional[int] = None
+    #: monotonic time by which a safe point must take it, else it is answered checkpoint_failed
+    deadline: Optional[float] = None
+
+
+def merge(a: Optional[CheckpointRequest], b: CheckpointRequest) -> CheckpointRequest:
+    """Two pending requests become one; 'stop' wins, the earlier request time is kept (for wait_s)."""
+    if a is None:
+        return b
+    upgrade = b.then == "stop" and a.then != "stop"
+    bounds = [d for d in (a.deadline, b.deadline) if d is not None]
+    return CheckpointRequest("stop" if upgrade else a.then, b.reason if upgrade else a.reason,
+                             min(a.requested_at, b.requested_at), deadline=min(bounds) if bounds else None)
