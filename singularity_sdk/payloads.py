@@ -1,8 +1,10 @@
 """One typed model per event payload: what each kind of event in a job's log carries.
 
 ``Event.data`` stays a plain dict on the wire (old and new servers and clients read each other's
-events); ``of(event)`` gives the typed view that the CLI's renderer and the notebook widget read. Fields are optional (an older server may not send one) and unknown fields are
-kept (a newer server may send more); a field of the wrong type is an error.
+events); ``of(event)`` gives the typed view that the CLI's renderer and the notebook widget read,
+and the server reads what agents report through the same models (``decode(..., strict=True)``).
+Fields are optional (an older server may not send one) and unknown fields are kept (a newer
+server may send more); a field of the wrong type is an error.
 tests/e2e/test_payloads.py checks the events of real jobs against these models.
 """
 from __future__ import annotations
@@ -57,6 +59,10 @@ class Result(Payload):
     repr: str = ""
     bytes: Optional[int] = None
     error: Optional[str] = None
+    # the agent's report only: the server keeps these and publishes repr, bytes and error
+    pickle_b64: Optional[str] = None
+    outputs_b64: Optional[str] = None
+    outputs_skipped: Optional[dict[str, Any]] = None
 
 
 class Succeeded(Payload):
@@ -87,6 +93,8 @@ class Checkpointed(Payload):
     wait_s: Optional[float] = None
     path: Optional[str] = None
     store_path: Optional[str] = None
+    #: what its exact continuation depends on (versions, device model): where it may resume
+    fingerprint: Optional[dict[str, Any]] = None
 
 
 class CheckpointFailed(Payload):
@@ -109,6 +117,7 @@ class Preempted(Preempting):
 
 
 class Resumed(Payload):
+    rank: int = 0
     step: Optional[int] = None
     seconds: Optional[float] = None
     node: Optional[str] = None
@@ -168,6 +177,7 @@ class WorkerExited(Payload):
     error: Optional[str] = None
     stopped: Optional[str] = None
     planned_stop: Optional[str] = None
+    user_error: bool = False  # the job's own code raised: retrying would raise again
 
 
 class Interruptible(Payload):
@@ -203,7 +213,14 @@ MODELS: dict[EventType, type[Payload]] = {
 }
 
 
+def decode(type: EventType, data: dict[str, Any], strict: bool = False) -> Any:
+    """The typed view of one payload of ``type`` (pydantic's ValidationError, a ValueError, on a
+    field of a wrong type). ``strict``: no conversions either (``"1"`` is not a rank), as the
+    server reads what agents send. Typed ``Any`` so that callers read the fields of the event
+    type they checked."""
+    return MODELS[type].model_validate(data, strict=strict)
+
+
 def of(ev: Event) -> Any:
-    """The typed view of an event's data (pydantic's ValidationError on a field of a wrong type).
-    Typed ``Any`` so that callers read the fields of the event type they checked."""
-    return MODELS[ev.type].model_validate(ev.data)
+    """The typed view of an event's data (pydantic's ValidationError on a field of a wrong type)."""
+    return decode(ev.type, ev.data)

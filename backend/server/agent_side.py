@@ -8,6 +8,9 @@ import logging
 import time
 from typing import Any, Callable, Optional
 
+from pydantic import ValidationError
+
+from singularity_sdk import payloads
 from singularity_sdk.protocol import (
     MAX_RESULT_BYTES,
     AgentEvent,
@@ -49,6 +52,20 @@ def fenced(row: Any, node: str, ae: AgentEvent) -> str:
     if node not in {p["node"] for p in json.loads(row["placement_json"] or "[]")}:
         return f"the job is not placed on {node}"
     return ""
+
+
+def read(ae: AgentEvent) -> Any:
+    """The typed payload of an agent's event, through the models the SDK's renderers read
+    (``singularity_sdk/payloads.py``), strictly: a field of a wrong type raises pydantic's
+    ValidationError (a ValueError), and the event is refused as malformed."""
+    return payloads.decode(ae.type, ae.data, strict=True)
+
+
+def malformed(exc: Exception) -> str:
+    """Why an event could not be applied, in words for the agent's log: the fields at fault."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'data'}: {e['msg']}" for e in exc.errors()[:3])
+    return type(exc).__name__
 
 
 class AgentSide:
@@ -144,7 +161,7 @@ class AgentSide:
                     del published[marks[0]:], followups[marks[1]:]
                     log.warning("event %s %s from node %s not applied: %r", ae.type, ae.job_id, node, exc,
                                 exc_info=not isinstance(exc, ValueError))
-                    reject(ae.agent_seq, f"its data could not be applied ({type(exc).__name__})")
+                    reject(ae.agent_seq, f"its data could not be applied ({malformed(exc)})")
                 finally:
                     self.store.db.execute("RELEASE agent_event")
             self.store.set_node(node, acked_seq=acked, heartbeat_at=time.time())
@@ -177,6 +194,7 @@ class AgentSide:
                 self.store.update_job(ae.job_id, stop_detail_json=json.dumps({**detail, "answered": True}))
             emit(ae.type, ae.data, ae.time)
         elif ae.type == EventType.CHECKPOINTED:
+            read(ae)  # kept as sent; lifecycle and exact_nodes read it back as a Checkpointed
             self.store.update_job(ae.job_id, last_checkpoint_json=json.dumps({**ae.data, "time": ae.time}))
             emit(ae.type, ae.data, ae.time)
         elif ae.type == EventType.CHECKPOINT_FAILED:
@@ -185,21 +203,22 @@ class AgentSide:
             if called_off := lifecycle.move_called_off(JobRecord.from_row(row)):
                 self.store.update_job(ae.job_id, **called_off)
         elif ae.type == EventType.RESUMED:
+            resumed = read(ae)
             emit(ae.type, {**ae.data, "node": node, "attempt": ae.attempt,
                            "placement": json.loads(row["placement_json"])}, ae.time)
-            if superseded := log_replay.after_restore(self.store.db, ae.job_id, ae.attempt, ae.data):
+            if superseded := log_replay.after_restore(self.store.db, ae.job_id, ae.attempt, resumed):
                 emit(EventType.SUPERSEDED, superseded)
             moved = json.loads(row["migration_json"] or "{}")
             seconds = round(ae.time - moved.get("requested_at", ae.time), 3)
             if state == JobState.MIGRATING:
                 to = ",".join(p["node"] for p in json.loads(row["placement_json"]))
                 self.store.update_job(ae.job_id, state=JobState.RUNNING.value)
-                emit(EventType.MIGRATED, {"from": moved.get("from"), "to": to, "step": ae.data.get("step"),
+                emit(EventType.MIGRATED, {"from": moved.get("from"), "to": to, "step": resumed.step,
                                           "seconds": seconds})
             elif state == JobState.RESIZING:
                 self.store.update_job(ae.job_id, state=JobState.RUNNING.value)
                 emit(EventType.RESIZED, {**{k: moved.get(k) for k in ("from", "to", "splicing", "reason", "by")},
-                                         "step": ae.data.get("step"), "seconds": seconds,
+                                         "step": resumed.step, "seconds": seconds,
                                          "phases": self._resize_phases(ae.job_id, moved, ae.time)})
         elif ae.type == EventType.STARTED:
             if row["started_at"] is None:
@@ -209,25 +228,25 @@ class AgentSide:
                     self.store.db, ae.job_id, ae.attempt)):
                 emit(EventType.SUPERSEDED, superseded)
         elif ae.type == EventType.RESULT:
-            blob = ae.data.get("pickle_b64")
-            raw = base64.b64decode(blob) if blob else None
-            err = ae.data.get("error")
+            result = read(ae)
+            raw = base64.b64decode(result.pickle_b64) if result.pickle_b64 else None
+            err = result.error
             if raw is not None and len(raw) > MAX_RESULT_BYTES:
                 raw, err = None, f"the result is {len(raw) / 1e6:.1f} MB, over the {MAX_RESULT_BYTES / 1e6:.0f} MB limit; save large outputs to files instead"
-            outs = ae.data.get("outputs_b64")
-            outs_raw = base64.b64decode(outs) if outs else None
-            skipped = dict(ae.data.get("outputs_skipped") or {})
+            outs_raw = base64.b64decode(result.outputs_b64) if result.outputs_b64 else None
+            skipped = dict(result.outputs_skipped or {})
             if outs_raw is not None and len(outs_raw) > MAX_RESULT_BYTES:
                 skipped["*"] = f"the variables to return are {len(outs_raw) / 1e6:.1f} MB, over the limit"
                 outs_raw = None
-            self.store.update_job(ae.job_id, result_pickle=raw, result_repr=ae.data.get("repr", ""), result_error=err,
+            self.store.update_job(ae.job_id, result_pickle=raw, result_repr=result.repr, result_error=err,
                                   outputs_pickle=outs_raw, outputs_skipped_json=json.dumps(skipped))
-            emit(EventType.RESULT, {"repr": (ae.data.get("repr") or "")[:2000], "bytes": len(raw or b""), "error": err},
+            emit(EventType.RESULT, {"repr": result.repr[:2000], "bytes": len(raw or b""), "error": err},
                  ae.time)
         elif ae.type == EventType.WORKER_EXITED:
+            exited = read(ae)
             emit(EventType.WORKER_EXITED, {**ae.data, "node": node}, ae.time)
             if state.holds_devices:
-                self._rank_exited(row, ae, emit, followups)
+                self._rank_exited(row, exited, emit, followups)
         else:
             log.warning("agent %s sent an event type the server does not take: %s", node, ae.type)
 
@@ -235,15 +254,16 @@ class AgentSide:
     def retry_policy(self) -> lifecycle.RetryPolicy:
         return lifecycle.RetryPolicy(self.config.max_retries, self.config.retry_backoff_s)
 
-    def _rank_exited(self, row, ae: AgentEvent, emit, followups: list[Callable[[], None]]) -> None:
+    def _rank_exited(self, row, exited: payloads.WorkerExited, emit, followups: list[Callable[[], None]]) -> None:
         """Record one rank's exit; once all ranks are down, the job settles by why it stopped
         (the rules: lifecycle.on_rank_exit)."""
-        rank, code = ae.data.get("rank", 0), ae.data.get("code", -1)
+        # absent: rank 0, code -1 (died unseen); present, they must be integers (not null)
+        rank = exited.rank if "rank" in exited.model_fields_set else 0
+        code = exited.code if "code" in exited.model_fields_set else -1
         if type(rank) is not int or type(code) is not int or abs(code) > 255:
             raise ValueError(f"worker_exited needs an integer rank below {row['ranks']} and an exit code")
         t = lifecycle.on_rank_exit(JobRecord.from_row(row), rank, code, time.time(), self.retry_policy,
-                                   error=ae.data.get("error"), user_error=bool(ae.data.get("user_error")),
-                                   planned=ae.data.get("planned_stop"))
+                                   error=exited.error, user_error=exited.user_error, planned=exited.planned_stop)
         self.apply(row["id"], t, emit, followups)
 
     def apply(self, job_id: str, t: lifecycle.Transition, emit, followups: list[Callable[[], None]]) -> None:

@@ -15,7 +15,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from pydantic import ValidationError
+
 from backend.contract import EXIT_PREEMPTED
+from singularity_sdk.payloads import Checkpointed
 from singularity_sdk.protocol import EventType, JobState
 
 
@@ -61,6 +64,15 @@ class JobRecord:
                    exited={int(k): v for k, v in json.loads(row["exited_json"] or "{}").items()},
                    error=row["error"], retries=row["retries"], started_at=row["started_at"],
                    last_checkpoint=json.loads(row["last_checkpoint_json"] or "{}"))
+
+    @property
+    def checkpoint(self) -> Checkpointed:
+        """The newest checkpoint, as its rank reported it (the ``checkpointed`` payload, whose
+        types the server checks when it arrives)."""
+        try:
+            return Checkpointed.model_validate(self.last_checkpoint)
+        except ValidationError:  # kept before the server checked payloads: its fields unknown
+            return Checkpointed()
 
 
 @dataclass(frozen=True)
@@ -127,16 +139,16 @@ def on_rank_exit(job: JobRecord, rank: int, code: int, now: float, retry: RetryP
         t.events += settled.events
         t.then += settled.then
     elif stop == Stop.PREEMPT and at_checkpoint:
-        ckpt = job.last_checkpoint
+        ckpt = job.checkpoint
         _settle(t, JobState.QUEUED if job.stop_detail.get("requeue") else JobState.PREEMPTED, now,
-                EventType.PREEMPTED, {**job.stop_detail, "step": ckpt.get("step"), "bytes": ckpt.get("bytes"),
-                                      "checkpoint": ckpt.get("path")})
+                EventType.PREEMPTED, {**job.stop_detail, "step": ckpt.step, "bytes": ckpt.bytes,
+                                      "checkpoint": ckpt.path})
     elif stop is None and at_checkpoint:
-        ckpt = job.last_checkpoint
+        ckpt = job.checkpoint
         _settle(t, JobState.QUEUED, now, EventType.PREEMPTED, {
             "reason": planned or "the job was asked to stop (SIGTERM) and stopped at a checkpoint",
-            "by": "node", "requeue": True, "step": ckpt.get("step"), "bytes": ckpt.get("bytes"),
-            "checkpoint": ckpt.get("path")})
+            "by": "node", "requeue": True, "step": ckpt.step, "bytes": ckpt.bytes,
+            "checkpoint": ckpt.path})
     elif stop == Stop.MIGRATE and at_checkpoint:
         t.then.append(FollowUp("migrate_onwards", detail=job.stop_detail))
     elif stop == Stop.RESIZE and at_checkpoint:
@@ -163,7 +175,7 @@ def retry_or_fail(job: JobRecord, why: str, now: float, retry: RetryPolicy) -> T
     t.events.append((EventType.RETRYING, {"attempt": job.attempt + 1,
                                           "why": why.strip().splitlines()[-1] if why else "",
                                           "retries": retries, "backoff_s": delay,
-                                          "from_step": job.last_checkpoint.get("step")}))
+                                          "from_step": job.checkpoint.step}))
     t.then.append(FollowUp("wake_at", when=now + delay))
     return t
 

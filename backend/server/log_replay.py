@@ -22,6 +22,7 @@ import json
 import sqlite3
 from typing import Any, Optional
 
+from singularity_sdk.payloads import Resumed
 from singularity_sdk.protocol import EventType
 
 
@@ -38,10 +39,10 @@ def _count(db: sqlite3.Connection, job_id: str, ranks: Optional[list[int]], afte
     return sum(1 for (d,) in rows if ranks is None or int(json.loads(d).get("rank", 0)) in ranks)
 
 
-def after_restore(db: sqlite3.Connection, job_id: str, attempt: int, resumed: dict[str, Any]) -> Optional[dict[str, Any]]:
+def after_restore(db: sqlite3.Connection, job_id: str, attempt: int, resumed: Resumed) -> Optional[dict[str, Any]]:
     """What the rank that just resumed supersedes: its lines after the checkpoint it restored
     (found by path, else by step) up to this attempt's placement; None when nothing is."""
-    rank, path, step = resumed.get("rank", 0), resumed.get("checkpoint"), resumed.get("step")
+    rank, path, step = resumed.rank, resumed.checkpoint, resumed.step
     before = _scheduled_seq(db, job_id, attempt)
     if before is None:
         return None

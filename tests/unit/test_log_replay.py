@@ -5,6 +5,7 @@ import json
 import sqlite3
 
 from backend.server import log_replay
+from singularity_sdk.payloads import Resumed
 
 
 def _db(events: list[tuple[str, dict]]) -> sqlite3.Connection:
@@ -23,7 +24,7 @@ def test_lines_after_a_reported_checkpoint_are_superseded():
     db = _db([("scheduled", {"attempt": 1}), _line(0), ("checkpoint_started", {"rank": 0, "step": 1}),
               _line(1), ("checkpointed", {"rank": 0, "step": 1, "path": "/c/ckpt-1"}), _line(2),
               ("scheduled", {"attempt": 2})])
-    got = log_replay.after_restore(db, "j", 2, {"rank": 0, "step": 1, "checkpoint": "/c/ckpt-1"})
+    got = log_replay.after_restore(db, "j", 2, Resumed.model_validate({"rank": 0, "step": 1, "checkpoint": "/c/ckpt-1"}))
     assert got == {"attempt": 2, "ranks": [0], "after_seq": 3, "before_seq": 7, "lines": 2}
 
 
@@ -34,10 +35,10 @@ def test_a_checkpoint_committed_but_never_reported_still_supersedes_from_its_sta
     db = _db([("scheduled", {"attempt": 1}), _line(0), ("checkpoint_started", {"rank": 0, "step": 1}),
               _line(1), ("checkpointed", {"rank": 0, "step": 1, "path": "/c/ckpt-1"}), _line(2),
               ("checkpoint_started", {"rank": 0, "step": 3}), _line(3), ("scheduled", {"attempt": 2})])
-    got = log_replay.after_restore(db, "j", 2, {"rank": 0, "step": 3, "checkpoint": "/c/ckpt-3"})
+    got = log_replay.after_restore(db, "j", 2, Resumed.model_validate({"rank": 0, "step": 3, "checkpoint": "/c/ckpt-3"}))
     assert got == {"attempt": 2, "ranks": [0], "after_seq": 7, "before_seq": 9, "lines": 1}
 
 
 def test_a_restore_of_a_checkpoint_never_begun_here_supersedes_nothing():
     db = _db([("scheduled", {"attempt": 1}), _line(0), ("scheduled", {"attempt": 2})])
-    assert log_replay.after_restore(db, "j", 2, {"rank": 0, "step": 5, "checkpoint": "/c/ckpt-5"}) is None
+    assert log_replay.after_restore(db, "j", 2, Resumed.model_validate({"rank": 0, "step": 5, "checkpoint": "/c/ckpt-5"})) is None
