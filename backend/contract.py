@@ -31,13 +31,13 @@ ENV_ATTEMPT = "SINGULARITY_ATTEMPT"
 ENV_CONTROL_FD = "SINGULARITY_CONTROL_FD"
 #: JSON list of the rank's devices (singularity_sdk.protocol.DeviceInfo)
 ENV_DEVICES = "SINGULARITY_DEVICES"
-#: the folder of the job's checkpoints on this node (backend/proxy/store.py)
+#: the folder of the job's checkpoints on this node (backend/proxy/checkpoint/store.py)
 ENV_CHECKPOINT_DIR = "SINGULARITY_CHECKPOINT_DIR"
 #: threads for the rank (also OMP_NUM_THREADS/MKL_NUM_THREADS): results must not depend on the node
 ENV_THREADS = "SINGULARITY_THREADS"
 #: the cores of the rank's CPU slot ("0,1"); pinned by backend/proxy/launch.py: pin_to_slot
 ENV_CPUS = "SINGULARITY_CPUS"
-#: ranks grouped by the device they share ("0,1|2,3"; backend/proxy/layout.py)
+#: ranks grouped by the device they share ("0,1|2,3"; backend/proxy/distributed/layout.py)
 ENV_PLACEMENT = "SINGULARITY_PLACEMENT"
 #: where synced copies of jobs' folders live on this node (backend/worker/workdir.py)
 ENV_WORKDIR_ROOT = "SINGULARITY_WORKDIR_ROOT"

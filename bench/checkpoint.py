@@ -188,8 +188,8 @@ import json, sys, time
 t = time.perf_counter()
 import torch
 t_import = time.perf_counter() - t
-from backend.proxy.state import _read_graph
-from backend.proxy.store import CheckpointStore
+from backend.proxy.engine.state import _read_graph
+from backend.proxy.checkpoint.store import CheckpointStore
 t = time.perf_counter()
 ref = CheckpointStore(sys.argv[1]).latest()
 t_verify = time.perf_counter() - t

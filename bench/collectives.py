@@ -31,14 +31,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backend.proxy.launch import launch, shared_warm_server  # noqa: E402
-from backend.proxy.layout import RankLayout  # noqa: E402
+from backend.proxy.distributed.layout import RankLayout  # noqa: E402
 
 MARK = "BENCH_COLLECTIVES "
 
 RANK_SCRIPT = r'''
 import json, statistics, sys, time
 import torch, torch.distributed as dist
-from backend.proxy.collectives import Options
+from backend.proxy.distributed.collectives import Options
 
 sizes_mb, seconds = [float(s) for s in sys.argv[1].split(",")], float(sys.argv[2])
 dist.init_process_group("gloo")
@@ -140,7 +140,7 @@ def splice_table(script: Path, steps: int) -> None:
 
 
 def poll_cost() -> None:
-    from backend.proxy.cut import ConsistentCut
+    from backend.proxy.distributed.cut import ConsistentCut
 
     class Channel:
         def exchange_flags(self) -> None:

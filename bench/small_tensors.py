@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from backend.proxy import dedup, state, training_state  # noqa: E402
+from backend.proxy.checkpoint import dedup
+from backend.proxy.engine import state, training_state  # noqa: E402
 
 
 def _write(path: Path, fill: Callable) -> None:

@@ -41,7 +41,7 @@ from singularity_sdk.protocol import (
     server_message_adapter,
 )
 
-from backend.proxy.fingerprint import node as node_fingerprint
+from backend.proxy.checkpoint.fingerprint import node as node_fingerprint
 from singularity_sdk import tls
 from singularity_sdk.config import default_home
 

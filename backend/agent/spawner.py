@@ -33,7 +33,7 @@ from .sandbox import JOB_UMASK_ENV
 log = logging.getLogger("singularity.agent")
 
 #: what a worker may need, imported once by the zygote (missing ones are skipped)
-PRELOAD = ("backend.worker.main", "backend.proxy", "backend.proxy.collectives", "backend.proxy.cut",
+PRELOAD = ("backend.worker.main", "backend.proxy", "backend.proxy.distributed.collectives", "backend.proxy.distributed.cut",
            "cloudpickle", "numpy", "torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 FDS_PER_REQUEST = 4
 CONTROL_FD = 3  # where the child finds its control pipe (SINGULARITY_CONTROL_FD)

@@ -33,7 +33,7 @@ from typing import Iterable, Optional
 
 import fsspec
 
-from backend.proxy.store import BLOB_DIR, MEETING_FILE, CheckpointStore
+from backend.proxy.checkpoint.store import BLOB_DIR, MEETING_FILE, CheckpointStore
 
 log = logging.getLogger("singularity.agent")
 _COMMITTED = re.compile(r"^ckpt-(\d{8,})$")

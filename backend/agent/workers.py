@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 from backend import contract
 from backend.contract import EXIT_PREEMPTED
-from backend.proxy.store import CheckpointStore
+from backend.proxy.checkpoint.store import CheckpointStore
 from backend.worker import output_marks
 from singularity_sdk.protocol import DeviceInfo, EventType, StartJob
 

@@ -5,10 +5,10 @@ top level (or of a submitted function's body) into a resumable loop whose iterat
 points.  At a safe point a `Controller` can write a checkpoint (position, namespace, RNG states,
 loop iterators) into a `CheckpointStore`; a new process resumes it bit for bit.
 """
-from .controller import Controller
-from .errors import CheckpointError, CheckpointFailure, Preempted
-from .program import SOURCE_ATTR, ResumableProgram
-from .store import CheckpointRef, CheckpointStore
+from .engine.controller import Controller
+from .checkpoint.errors import CheckpointError, CheckpointFailure, Preempted
+from .engine.program import SOURCE_ATTR, ResumableProgram
+from .checkpoint.store import CheckpointRef, CheckpointStore
 
 __all__ = [
     "CheckpointError",

@@ -62,7 +62,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     import cloudpickle
 
     from . import CheckpointError, CheckpointStore, Controller, Preempted, ResumableProgram
-    from .lazy import when_imported
+    from .engine.lazy import when_imported
 
     # when (and only if) the script imports torch: a torch-free script never loads it
     when_imported("torch", lambda torch: _fix_threads(torch, args.threads))

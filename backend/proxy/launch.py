@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from backend.contract import ENV_CPUS, ENV_PLACEMENT, ENV_THREADS, EXIT_PREEMPTED
 
-from .layout import RankLayout
+from .distributed.layout import RankLayout
 
 #: test hook "RANK:SECONDS:THEN": that rank alone asks for a checkpoint after SECONDS
 TEST_REQUEST_ENV = "SINGULARITY_TEST_REQUEST"
@@ -75,7 +75,7 @@ class RankResult:
 
 #: modules a warm rank process starts with: torch and what DDP's constructor imports lazily
 #: (torch._dynamo and its ~800 modules: 0.8 s per process, 2 s for 4 ranks on 2 cores)
-WARM_PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "backend.proxy.collectives")
+WARM_PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "backend.proxy.distributed.collectives")
 
 
 def _forked_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> None:
@@ -301,8 +301,8 @@ def _run_engine(script: str, checkpoint_dir: Path, restore: bool) -> int:
     import types
 
     from . import CheckpointError, CheckpointStore, Controller, Preempted, ResumableProgram
-    from .collectives import restore_process_group
-    from .cut import DistributedController
+    from .distributed.collectives import restore_process_group
+    from .distributed.cut import DistributedController
 
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     module = types.ModuleType("__main__")
@@ -362,7 +362,7 @@ def prepare_rank(threads: Optional[int] = None, reduction: Optional[str] = None)
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already fixed in this process
         pass
-    from .collectives import install
+    from .distributed.collectives import install
 
     install(reduction)
 

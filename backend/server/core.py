@@ -54,7 +54,7 @@ class ServiceConfig:
     stop_grace_s: float = 1.0
     #: cluster default for jobs that do not set checkpoint_every (None: only on request); a node
     #: that dies then costs minutes of work, and a one-rank job pays only an in-memory snapshot
-    #: per checkpoint (it is written behind the loop, see backend/proxy/background.py)
+    #: per checkpoint (it is written behind the loop, see backend/proxy/engine/background.py)
     checkpoint_every: Optional[float] = 600.0
     #: how long a preempt/migrate/resize/checkpoint may wait for a safe point before the job
     #: answers checkpoint_failed (saying where it is) and runs on; a request may set its own

@@ -1,6 +1,6 @@
 """Where a job's checkpoint resumes exactly: the nodes whose fingerprint matches it.
 
-A checkpoint records what its result depends on (``backend/proxy/fingerprint.py``); agents
+A checkpoint records what its result depends on (``backend/proxy/checkpoint/fingerprint.py``); agents
 report their node's fingerprint when they connect. A job is placed, migrated or resized only
 onto matching nodes. When no node of the cluster matches at all, placement is not restricted
 and the restoring worker refuses the checkpoint with the difference named, so the user hears
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Optional
 
-from backend.proxy.fingerprint import COMPARED, differences, matches
+from backend.proxy.checkpoint.fingerprint import COMPARED, differences, matches
 from singularity_sdk.protocol import NodeInfo, NodeState
 
 #: nodes in these states may come back; a checkpoint that matches one of them waits for it

@@ -227,7 +227,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if type == "resumed":
             data = {**data, "checkpoint": restore_path[0] if restore_path else None}
         elif type == "checkpointed":  # the scheduler resumes it only where this matches
-            from backend.proxy import fingerprint
+            from backend.proxy.checkpoint import fingerprint
 
             fp = fingerprint.capture()
             data = {**data, "fingerprint": {k: fp.get(k) for k in (*fingerprint.COMPARED, "engine")}}
@@ -255,11 +255,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         else:
             restore_path.append(str(restore.path))  # "resumed" is reported once it is in place
             if world > 1:
-                from backend.proxy.collectives import restore_process_group
+                from backend.proxy.distributed.collectives import restore_process_group
 
                 restore_process_group()  # the namespace's DDP modules attach to it as they load
         if rank == 0 and restore is None:  # before the first preemption, say whether one can succeed
-            from backend.proxy.interruptible import report
+            from backend.proxy.engine.interruptible import report
 
             on_event("interruptible", report(program))
         listen_for_requests(controller)
@@ -271,7 +271,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if world > 1:
             # Neighbours on this device still need their turn to reach the same checkpoint;
             # rank 0 (whose process holds the job's rendezvous store) waits until all wrote it.
-            from backend.proxy.collectives import shutdown_all
+            from backend.proxy.distributed.collectives import shutdown_all
 
             shutdown_all()
         if reporter is not None:
@@ -309,7 +309,7 @@ def distributed_controller(store, rank: int, world: int, checkpoint_every: Optio
 
     Every rank writes its part of each checkpoint, but the job has one event stream: rank 0
     speaks for the job, and reports a checkpoint only once the last rank has committed it."""
-    from backend.proxy.cut import DistributedController
+    from backend.proxy.distributed.cut import DistributedController
     from backend.proxy.launch import prepare_rank
 
     prepare_rank()

@@ -69,7 +69,7 @@ def _synced_copy(spec: WorkerSpec) -> Optional[str]:
     root = os.environ.get(ENV_WORKDIR_ROOT)
     if not data or not root:
         return None
-    from backend.proxy import context
+    from backend.proxy.engine import context
     from singularity_sdk import folders
 
     folder = Path(root, spec.job_id)

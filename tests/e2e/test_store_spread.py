@@ -14,8 +14,8 @@ import pytest
 
 from exactness import rank_lines, source, wait_for_lines
 from backend.agent.transfer import CheckpointTransfer
-from backend.proxy import digest
-from backend.proxy.store import CheckpointStore
+from backend.proxy.checkpoint import digest
+from backend.proxy.checkpoint.store import CheckpointStore
 from singularity_sdk import EventType, JobState, LocalCluster
 from singularity_sdk.errors import CheckpointFailed
 

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from backend.proxy import CheckpointStore, Controller, ResumableProgram
-from backend.proxy.iterators import _advance_dataloader
+from backend.proxy.engine.iterators import _advance_dataloader
 
 TRAIN = """
 import torch

@@ -19,11 +19,11 @@ from typing import Optional
 import pytest
 import torch
 
-from backend.proxy.digest import of_bytes as digest_of_bytes
-from backend.proxy import dedup
+from backend.proxy.checkpoint.digest import of_bytes as digest_of_bytes
+from backend.proxy.checkpoint import dedup
 from backend.proxy.launch import EXIT_PREEMPTED, RankResult, launch, shared_warm_server
-from backend.proxy.layout import RankLayout
-from backend.proxy.store import BLOB_DIR, CheckpointDamaged, CheckpointStore, RankFile
+from backend.proxy.distributed.layout import RankLayout
+from backend.proxy.checkpoint.store import BLOB_DIR, CheckpointDamaged, CheckpointStore, RankFile
 
 # 12 top-level statements before the loop: the loop's first safe point is step 13, so a stop at
 # step >= 14 has at least one optimizer step (and Adam's moments) in the checkpoint.
@@ -258,7 +258,7 @@ def test_tensor_attributes_survive(tmp_path: Path) -> None:
 def test_rank_files_of_earlier_engines_still_load(tmp_path: Path) -> None:
     """A torch.save zip archive (one rank) and a persistent-id pickle beside blobs (several ranks),
     as earlier versions wrote them, load with shared storage and parameters intact."""
-    from backend.proxy import state as state_module
+    from backend.proxy.engine import state as state_module
 
     w = torch.nn.Parameter(torch.randn(50))
     graph = {"w": w, "view": w.data[10:20], "format": 1}

@@ -13,15 +13,15 @@ from typing import Optional
 
 import pytest
 
-from backend.proxy.collectives import EXIT_COLLECTIVE_FAILED
+from backend.proxy.distributed.collectives import EXIT_COLLECTIVE_FAILED
 from backend.proxy.launch import EXIT_PREEMPTED, RankResult, launch, shared_warm_server
-from backend.proxy.layout import RankLayout
+from backend.proxy.distributed.layout import RankLayout
 
 POLL_SCRIPT = r'''
 import json, os, sys, threading, time
 import torch, torch.distributed as dist, torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from backend.proxy.cut import default_cut
+from backend.proxy.distributed.cut import default_cut
 
 who, delay, use_ddp = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "ddp"
 dist.init_process_group("gloo")

@@ -14,7 +14,7 @@ from typing import Optional
 import pytest
 
 from backend.proxy.launch import RankResult, launch, shared_warm_server
-from backend.proxy.layout import RankLayout
+from backend.proxy.distributed.layout import RankLayout
 
 DDP_SCRIPT = r'''
 import hashlib, json, sys, time

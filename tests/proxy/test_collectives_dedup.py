@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.proxy import dedup
+from backend.proxy.checkpoint import dedup
 from backend.proxy.launch import launch, shared_warm_server
-from backend.proxy.layout import RankLayout
+from backend.proxy.distributed.layout import RankLayout
 
 
 #: elements of a float32 tensor big enough for a blob of its own (small ones go inline)
@@ -91,7 +91,7 @@ import io, json, sys
 from pathlib import Path
 import torch, torch.distributed as dist, torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from backend.proxy import dedup
+from backend.proxy.checkpoint import dedup
 
 folder = Path(sys.argv[1])
 dist.init_process_group("gloo")

@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from backend.proxy import exact
-from backend.proxy.collectives import SingularityProcessGroup
-from backend.proxy.cut import ConsistentCut
-from backend.proxy.layout import RankLayout
+from backend.proxy.distributed import exact
+from backend.proxy.distributed.collectives import SingularityProcessGroup
+from backend.proxy.distributed.cut import ConsistentCut
+from backend.proxy.distributed.layout import RankLayout
 
 
 def run_group(placement: str, fn: Callable[[SingularityProcessGroup, int], Any], reduction: str = "exact",
@@ -308,7 +308,7 @@ def test_plain_reduction_lets_large_allreduces_go_unflagged_and_ticks_instead() 
 
 # ---------------------------------------------------------------------------- configuration
 def test_install_wraps_init_and_new_group_and_uninstall_restores() -> None:
-    from backend.proxy import collectives
+    from backend.proxy.distributed import collectives
 
     original = dist.init_process_group
     collectives.install()
@@ -331,7 +331,7 @@ def test_install_wraps_init_and_new_group_and_uninstall_restores() -> None:
 
 
 def test_backend_and_placement_parsing() -> None:
-    from backend.proxy.collectives import inner_backends
+    from backend.proxy.distributed.collectives import inner_backends
 
     assert inner_backends("gloo") == {"cpu": "gloo", "cuda": "gloo"}
     assert inner_backends(None)["cpu"] == "gloo"
@@ -351,7 +351,7 @@ def test_backend_and_placement_parsing() -> None:
 
 # ---------------------------------------------------------------------------- turns
 def test_turn_ring_is_exclusive_survives_suspend_and_lets_ranks_leave_early() -> None:
-    from backend.proxy.splice import TurnRing
+    from backend.proxy.distributed.splice import TurnRing
 
     store = dist.HashStore()
     size = 3

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from backend.proxy import context
-from backend.proxy.errors import CheckpointError, CheckpointFailure
+from backend.proxy.engine import context
+from backend.proxy.checkpoint.errors import CheckpointError, CheckpointFailure
 from singularity_sdk import folders as files
 
 

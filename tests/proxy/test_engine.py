@@ -17,7 +17,7 @@ import torch
 
 from backend.proxy import (CheckpointError, CheckpointStore, Controller, Preempted, ResumableProgram,
                            SOURCE_ATTR)
-from backend.proxy import controller as controller_module
+from backend.proxy.engine import controller as controller_module
 
 SNIPPETS = {
     "break_else": """

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from backend.proxy import CheckpointError, CheckpointStore, fingerprint, state
+from backend.proxy import CheckpointError, CheckpointStore
+from backend.proxy.checkpoint import fingerprint
+from backend.proxy.engine import state
 
 SCRIPT = """\
 import time

@@ -7,7 +7,7 @@ import os
 import random
 import subprocess
 
-from backend.proxy import libraries
+from backend.proxy.engine import libraries
 from harness import PYTHON, ROOT, SCRIPTS, run_chain, trace_of
 
 SCRIPT = str(SCRIPTS / "folder_modules" / "uses_helpers.py")

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from backend.proxy import CheckpointStore, Controller, Preempted, ResumableProgram
-from backend.proxy.analysis import not_rewritable
+from backend.proxy.engine.analysis import not_rewritable
 from harness import PYTHON, ROOT, SCRIPTS, pick_stops, run_chain, trace_of
 
 FUNCTIONS = SCRIPTS / "functions"

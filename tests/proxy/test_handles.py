@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.proxy import handles
-from backend.proxy.state import probe
+from backend.proxy.engine import handles
+from backend.proxy.engine.state import probe
 from harness import EXIT_PREEMPTED, Launcher, pick_stops, run_chain, trace_of
 
 pytest.importorskip("tensorboard", reason="the TensorBoard writer test needs the test extra (tensorboard)")

@@ -1,4 +1,4 @@
-"""A job that never imports torch or numpy must not pay for them (backend/proxy/lazy.py).
+"""A job that never imports torch or numpy must not pay for them (backend/proxy/engine/lazy.py).
 
 Runs that must not see torch use fresh interpreters: the warm fork server has torch loaded.
 """
@@ -10,7 +10,7 @@ import textwrap
 
 from harness import EXIT_PREEMPTED, PYTHON, Launcher, run_chain, trace_of
 
-from backend.proxy import lazy
+from backend.proxy.engine import lazy
 
 TORCH_FREE = '''
 import random
@@ -50,7 +50,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_importing_the_engine_loads_neither_torch_nor_numpy():
     proc = _python(textwrap.dedent("""
         import sys, backend.proxy
-        from backend.proxy import rng
+        from backend.proxy.engine import rng
         assert set(rng.capture()) == {"python"}, rng.capture()
         assert "torch" not in sys.modules and "numpy" not in sys.modules, "a heavy import leaked"
         print("ok")

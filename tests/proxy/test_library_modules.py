@@ -10,7 +10,7 @@ import os
 import random
 import subprocess
 
-from backend.proxy import libraries
+from backend.proxy.engine import libraries
 from harness import PYTHON, ROOT, SCRIPTS, run_chain, trace_of
 
 HERE = SCRIPTS / "libraries"

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from backend.proxy import CheckpointError, CheckpointStore
-from backend.proxy.store import CheckpointDamaged
+from backend.proxy.checkpoint.store import CheckpointDamaged
 
 
 def _bytes(payload: bytes):

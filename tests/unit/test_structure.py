@@ -86,8 +86,15 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return out
 
 
+#: the device proxy's layers, lowest first: each imports only the layers below it (the launchers,
+#: modules of ``backend.proxy`` itself, sit on top)
+PROXY_LAYERS = ("backend.proxy.checkpoint", "backend.proxy.engine", "backend.proxy.distributed")
+
+
 def _package(module: str) -> str:
     parts = module.split(".")
+    if parts[:2] == ["backend", "proxy"] and len(parts) > 3:
+        return ".".join(parts[:3])
     return ".".join(parts[:2]) if parts[0] == "backend" and len(parts) > 1 else parts[0]
 
 
@@ -104,6 +111,15 @@ def test_no_package_imports_one_that_imports_it_back():
             if _package(m) != _package(t):
                 graph.setdefault(_package(m), set()).add(_package(t))
     assert _cycles(graph) == []
+
+
+def test_the_proxy_layers_import_only_the_layers_below_them():
+    bad = []
+    for m, targets in _graph().items():
+        if _package(m) in PROXY_LAYERS:
+            below = PROXY_LAYERS[:PROXY_LAYERS.index(_package(m)) + 1]
+            bad += [(m, t) for t in targets if t.startswith("backend.proxy") and _package(t) not in below]
+    assert not bad, bad
 
 
 def test_no_import_cycle_between_modules():

@@ -31,7 +31,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from . import lazy, rng
-from .errors import CheckpointError, CheckpointFailure
+from ..checkpoint.errors import CheckpointError, CheckpointFailure
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -35,6 +35,8 @@ import ast
 import contextlib
 import contextvars
 import copyreg
+import functools
+import importlib.util
 import io
 import pickle
 import platform
@@ -47,17 +49,18 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import cloudpickle
 
-from . import background, context, digest, fingerprint, handles, iterators, lazy, libraries, rng, training_state
-from .errors import CheckpointError, CheckpointFailure
+from . import background, context, handles, iterators, lazy, libraries, rng, training_state
+from ..checkpoint import digest, fingerprint
+from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
 from .ports import RuntimeView
 from .rewrite import PREFIX
-from .store import CheckpointDamaged, CheckpointStore, DigestMismatch, expected_digest
+from ..checkpoint.store import CheckpointDamaged, CheckpointStore, DigestMismatch, expected_digest
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from .store import CheckpointRef, RankFile
+    from ..checkpoint.store import CheckpointRef, RankFile
 
 try:
     from cloudpickle import cloudpickle as _cp
@@ -195,12 +198,38 @@ def probe(obj: Any) -> Optional[str]:
         return f"{type(e).__name__}: {e}"
 
 
+#: where the proxy's modules moved when it was split into layers (checkpoint, engine,
+#: distributed): a checkpoint written before names e.g. ``backend.proxy.libraries``
+_LAYERS = ("checkpoint", "engine", "distributed")
+
+
+@functools.lru_cache(maxsize=None)
+def _current_module(module: str) -> str:
+    """``module``, or where it lives now if it is one of the proxy's modules that moved."""
+    parent, _, name = module.rpartition(".")
+    if parent != "backend.proxy" or importlib.util.find_spec(module) is not None:
+        return module
+    for layer in _LAYERS:
+        if importlib.util.find_spec(f"{parent}.{layer}.{name}") is not None:
+            return f"{parent}.{layer}.{name}"
+    return module
+
+
+class GraphUnpickler(pickle.Unpickler):
+    """Reads checkpoint graphs, those written before the proxy's modules moved included."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.startswith("backend.proxy."):
+            module = _current_module(module)
+        return super().find_class(module, name)
+
+
 def _pickle_module() -> types.ModuleType:
     shim = types.ModuleType("singularity_proxy_pickle")
     shim.Pickler = ProxyPickler  # type: ignore[attr-defined]
-    shim.Unpickler = pickle.Unpickler  # type: ignore[attr-defined]
-    shim.load = pickle.load  # type: ignore[attr-defined]
-    shim.loads = pickle.loads  # type: ignore[attr-defined]
+    shim.Unpickler = GraphUnpickler  # type: ignore[attr-defined]
+    shim.load = lambda f, **kw: GraphUnpickler(f, **kw).load()  # type: ignore[attr-defined]
+    shim.loads = lambda data, **kw: GraphUnpickler(io.BytesIO(data), **kw).load()  # type: ignore[attr-defined]
 
     def dump(obj: Any, file: Any, protocol: Optional[int] = None) -> None:
         ProxyPickler(file, protocol=protocol).dump(obj)
@@ -518,7 +547,7 @@ def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,
         with notes:
             ProxyPickler(f, protocol=4).dump(graph)
         return 0
-    from . import dedup
+    from ..checkpoint import dedup
 
     with notes:
         stats = dedup.dump(graph, f, dedup.BlobStore(blob_dir) if blob_dir is not None else None,
@@ -543,9 +572,9 @@ def _read_graph(path: Path, blob_dir: Path, expected: Optional[tuple[str, Option
             f = digest.HashingReader(raw, expected[0]) if expected and expected[1] else raw
             try:
                 if head[:2] != _DEDUP_MAGIC and not blob_dir.is_dir():  # a torch-free pickle
-                    graph = pickle.load(f)
+                    graph = GraphUnpickler(f).load()
                 else:
-                    from . import dedup
+                    from ..checkpoint import dedup
 
                     blobs = dedup.BlobStore(blob_dir) if blob_dir.is_dir() else None
                     graph = dedup.load(f, blobs, unpickler=PICKLE_MODULE.Unpickler, map_location=_map_device)

@@ -11,7 +11,7 @@ import time
 from typing import Optional
 
 from .checkpoint_request import CheckpointRequest
-from .errors import CheckpointFailure, Preempted
+from ..checkpoint.errors import CheckpointFailure, Preempted
 from .ports import RuntimeView
 from .state import write_checkpoint
 

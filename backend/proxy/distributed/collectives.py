@@ -46,6 +46,7 @@ from . import exact
 from .cut import ConsistentCut, default_cut
 from .layout import RankLayout
 from .splice import TurnRing
+from .transports import REDUCTIONS, Transports
 from .work import CollectiveThread, CudaFence, FutureWork, QueuedCollective
 
 __all__ = ["BACKEND_NAME", "EXIT_COLLECTIVE_FAILED", "Options", "SingularityProcessGroup", "default_group",
@@ -55,9 +56,6 @@ BACKEND_NAME = "singularity"
 REDUCTION_ENV = "SINGULARITY_REDUCTION"
 #: "0" lets co-located ranks compute concurrently (to measure what turn-taking costs)
 TURNS_ENV = "SINGULARITY_TURNS"
-#: the plain path copies a tensor to append the cut's counters only up to this size
-PLAIN_FLAG_MAX_BYTES = 256 * 1024
-REDUCTIONS = ("exact", "plain")
 
 
 # ---------------------------------------------------------------------------- configuration
@@ -131,49 +129,25 @@ class SingularityProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         if placement.world_size != size:
             raise ValueError(f"placement {placement.text()!r} does not match group size {size}")
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}")
         self._rank, self._size = rank, size
         self.placement = placement
         self.reduction = reduction
         self.inner = dict(inner)
         self.wrapped_backend = wrapped
-        self._timeout = timeout
+        self._links = Transports(store, rank, size, timeout, self.inner, placement, reduction)
         self._order = placement.order
-        self._phys = placement.physical(rank)
         self._name: Optional[str] = None
         self._desc = ""
-        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("sg/gloo/", store), self._phys, size, timeout)
-        spliced = placement.max_per_slot > 1
-        self._nccl: Any = None
-        if self.inner.get("cuda") == "nccl" and not spliced:
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
-            self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("sg/nccl/", store), self._phys, size, opts)
-        # hierarchical (local-first) reduction when some slot holds several ranks
-        self._slot_index = placement.slot_of(rank)
-        self._slot = placement.slots[self._slot_index]
-        self._local: Any = None
-        self._leaders: Any = None
-        if spliced:
-            if len(self._slot) > 1:
-                self._local = dist.ProcessGroupGloo(dist.PrefixStore(f"sg/local/{self._slot_index}/", store),
-                                                    self._slot.index(rank), len(self._slot), timeout)
-            if rank == self._slot[0] and len(placement.slots) > 1:
-                self._leaders = dist.ProcessGroupGloo(dist.PrefixStore("sg/leaders/", store),
-                                                      self._slot_index, len(placement.slots), timeout)
-        self._slot_layouts = [exact.cover(size, slot) for slot in placement.slots]
-        self._flat_layouts = [[(r, r + 1)] for r in self._order]
-        self._buffers = exact.Buffers()
         self._issue_lock = threading.Lock()
         self._cut = cut
         self._worker = CollectiveThread(f"singularity-pg-{rank}", cut._resolve if cut is not None else None)
         self._turns: Optional[TurnRing] = None
         #: a subgroup of a spliced job yields the default group's ring (it never splits a slot)
         self._job_turns = job_turns
-        if turns and len(self._slot) > 1:
-            self._turns = TurnRing(dist.PrefixStore(f"sg/turn/{self._slot_index}/", store),
-                                   self._slot.index(rank), len(self._slot), timeout)
+        slot = self._links.slot
+        if turns and len(slot) > 1:
+            self._turns = TurnRing(dist.PrefixStore(f"sg/turn/{self._links.slot_index}/", store),
+                                   slot.index(rank), len(slot), timeout)
         self._closed = False
         _LIVE.add(self)
         if cut is not None:
@@ -230,26 +204,13 @@ class SingularityProcessGroup(dist.ProcessGroup):
             ring.yield_turn()
         return work
 
-    def _transport(self, t: torch.Tensor) -> tuple[Any, torch.device]:
-        """The real group for a tensor, and the device its buffers must live on."""
-        if t.is_cuda and self._nccl is not None:
-            return self._nccl, t.device
-        return self._gloo, torch.device("cpu")
-
-    @staticmethod
-    def _staged(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return t if t.device == device else t.to(device)
-
-    def _wait(self, work: Any) -> None:
-        work.wait(self._timeout)
-
     # ------------------------------------------------------------------ the cut's channel
     def exchange_flags(self) -> None:
         def run(bits: int) -> tuple[Any, int]:
             buf = torch.full((1,), bits, dtype=torch.int64)
             opts = dist.AllreduceOptions()
             opts.reduceOp = dist.ReduceOp.BOR
-            self._wait(self._gloo.allreduce([buf], opts))
+            self._links.wait(self._links.gloo.allreduce([buf], opts))
             return [buf], int(buf.item())
 
         self._issue(run, [], flagged=True).wait()
@@ -265,10 +226,10 @@ class SingularityProcessGroup(dist.ProcessGroup):
             raise ValueError("the singularity backend reduces dense tensors only")
         exact.check_op(op, t.dtype)
 
-        carry = self._carries(t.numel() * t.element_size(), t.dtype, op)
+        carry = self._links.carries(t.numel() * t.element_size(), t.dtype, op)
 
         def run(bits: int) -> tuple[Any, int]:
-            return [t], self._allreduce_into(t, op, bits, carry)
+            return [t], self._links.allreduce_into(t, op, bits, carry)
 
         return self._issue(run, [t], flagged=carry)
 
@@ -279,13 +240,13 @@ class SingularityProcessGroup(dist.ProcessGroup):
             raise ValueError("allreduce_coalesced needs tensors of one dtype on one device")
         dtype = tensors[0].dtype if tensors else torch.float32
         exact.check_op(op, dtype)
-        carry = self._carries(sum(t.numel() * t.element_size() for t in tensors), dtype, op)
+        carry = self._links.carries(sum(t.numel() * t.element_size() for t in tensors), dtype, op)
 
         def run(bits: int) -> tuple[Any, int]:
             if not tensors:
-                return [], self._allreduce_into(torch.empty(0), op, bits, carry)  # still carries the flags
+                return [], self._links.allreduce_into(torch.empty(0), op, bits, carry)  # still carries the flags
             flat = torch.cat([t.reshape(-1) for t in tensors])
-            out_bits = self._allreduce_into(flat, op, bits, carry)
+            out_bits = self._links.allreduce_into(flat, op, bits, carry)
             offset = 0
             for t in tensors:
                 t.copy_(flat[offset:offset + t.numel()].view_as(t))
@@ -294,110 +255,18 @@ class SingularityProcessGroup(dist.ProcessGroup):
 
         return self._issue(run, tensors, flagged=carry)
 
-    def _carries(self, nbytes: int, dtype: torch.dtype, op: Any) -> bool:
-        """Whether an allreduce carries the cut's flags (the same answer on every rank).
-
-        The exact path always does (8 bytes per gathered chunk).  The plain path must copy the
-        tensor to append two counters, so only small SUMs carry them; the cut ticks otherwise.
-        """
-        if self.reduction == "exact":
-            return True
-        return (op == dist.ReduceOp.SUM and dtype != torch.bool and not dtype.is_complex
-                and nbytes <= PLAIN_FLAG_MAX_BYTES)
-
-    def _allreduce_into(self, t: torch.Tensor, op: Any, bits: int, carry: bool) -> int:
-        """Reduce ``t`` in place across the group; returns the OR of every rank's flag bits."""
-        if self.reduction == "plain":
-            return self._plain_allreduce(t, op, bits, carry)
-        group, device = self._transport(t)
-        direct = t.is_contiguous() and t.device == device
-        flat = t.view(-1) if direct else t.reshape(-1).to(device)
-        if self.placement.max_per_slot == 1:
-            out_bits = exact.exchange_reduce(group, self._phys, self._flat_layouts, [flat], flat, op, self._size,
-                                             bits, self._buffers, self._timeout)
-        else:
-            out_bits = self._hierarchical(flat, op, bits)
-        if not direct:
-            t.copy_(flat.view(t.shape))
-        return out_bits
-
-    def _hierarchical(self, flat: torch.Tensor, op: Any, bits: int) -> int:
-        """Local stage on the slot's leader, exact exchange between leaders, local broadcast.
-
-        ``flat`` is a contiguous CPU tensor; the reduction is written into it.
-        """
-        cpu = torch.device("cpu")
-        numel, dtype = flat.numel(), flat.dtype
-        slot = self._slot
-        leader = self._rank == slot[0]
-        size = exact.packed_size(numel, dtype)
-        leaves: dict[int, torch.Tensor] = {self._rank: flat}
-        if self._local is not None:
-            packed = exact.pack(flat, bits, self._buffers.get("pack", size, cpu))
-            gopts = dist.GatherOptions()
-            gopts.rootRank = 0
-            if leader:
-                bufs = [self._buffers.get(f"member{i}", size, cpu) for i in range(len(slot))]
-                self._wait(self._local.gather([bufs], [packed], gopts))
-                for r, buf in zip(slot, bufs):
-                    leaves[r], member_bits = exact.unpack(buf, numel, dtype)
-                    bits |= member_bits
-            else:
-                self._wait(self._local.gather([], [packed], gopts))
-        if leader:
-            nodes = self._slot_layouts[self._slot_index]
-            partials = exact.subtree_values(self._size, nodes, leaves, exact.combiner(op))
-            if self._leaders is None:  # a single slot holds every rank
-                bits = exact.exchange_reduce(None, 0, [nodes], partials, flat, op, self._size, bits,
-                                             self._buffers, self._timeout)
-            else:
-                bits = exact.exchange_reduce(self._leaders, self._slot_index, self._slot_layouts, partials, flat,
-                                             op, self._size, bits, self._buffers, self._timeout)
-        if self._local is None:
-            return bits
-        packed = self._buffers.get("pack", size, cpu)
-        if leader:
-            exact.pack(flat, bits, packed)
-        bopts = dist.BroadcastOptions()
-        bopts.rootRank = 0
-        self._wait(self._local.broadcast([packed], bopts))
-        result, bits = exact.unpack(packed, numel, dtype)
-        if not leader:
-            flat.copy_(result)
-        return bits
-
-    def _plain_allreduce(self, t: torch.Tensor, op: Any, bits: int, carry: bool) -> int:
-        """Forward to gloo/NCCL; with ``carry`` the flags ride as two extra counters of a SUM."""
-        group, device = self._transport(t)
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = op
-        if not carry:
-            buf = self._staged(t, device)
-            self._wait(group.allreduce([buf], opts))
-            if buf is not t:
-                t.copy_(buf)
-            return 0
-        n = t.numel()
-        buf = self._buffers.get("plain", (n + 2) * t.element_size(), device).view(t.dtype)
-        buf[:n].copy_(t.reshape(-1))
-        buf[n:].copy_(torch.tensor([bits & 1, (bits >> 1) & 1], dtype=t.dtype))
-        self._wait(group.allreduce([buf], opts))
-        t.copy_(buf[:n].view(t.shape))
-        counts = buf[n:].tolist()
-        return (1 if counts[0] else 0) | (2 if counts[1] else 0)
-
     # ------------------------------------------------------------------ data movement
     def broadcast(self, tensors: Any, opts: Any = None) -> Any:
         t = _one(tensors, "broadcast")
         root = opts.rootRank if opts is not None and not isinstance(opts, int) else int(opts or 0)
 
         def run(_bits: int) -> tuple[Any, int]:
-            group, device = self._transport(t)
-            buf = self._staged(t, device)
+            group, device = self._links.transport(t)
+            buf = self._links.staged(t, device)
             o = dist.BroadcastOptions()
             o.rootRank = self.placement.physical(root)
             o.rootTensor = 0
-            self._wait(group.broadcast([buf], o))
+            self._links.wait(group.broadcast([buf], o))
             if buf is not t:
                 t.copy_(buf)
             return [t], 0
@@ -406,10 +275,10 @@ class SingularityProcessGroup(dist.ProcessGroup):
 
     def _gather_into(self, outs: Sequence[torch.Tensor], inp: torch.Tensor) -> None:
         """``outs[i]`` <- logical rank i's ``inp``."""
-        group, device = self._transport(inp)
-        staged = [self._staged(o, device) for o in outs]
+        group, device = self._links.transport(inp)
+        staged = [self._links.staged(o, device) for o in outs]
         phys_outs = [staged[self._order[p]] for p in range(self._size)]
-        self._wait(group.allgather([phys_outs], [self._staged(inp, device)], AllgatherOptions()))
+        self._links.wait(group.allgather([phys_outs], [self._links.staged(inp, device)], AllgatherOptions()))
         for o, s in zip(outs, staged):
             if s is not o:
                 o.copy_(s)
@@ -469,9 +338,9 @@ class SingularityProcessGroup(dist.ProcessGroup):
             o = dist.GatherOptions()
             o.rootRank = self.placement.physical(root)
             cpu = torch.device("cpu")
-            staged = [self._staged(t, cpu) for t in outs]
+            staged = [self._links.staged(t, cpu) for t in outs]
             phys = [[staged[self._order[p]] for p in range(self._size)]] if outs else []
-            self._wait(self._gloo.gather(phys, [self._staged(inp, cpu)], o))
+            self._links.wait(self._links.gloo.gather(phys, [self._links.staged(inp, cpu)], o))
             for t, s in zip(outs, staged):
                 if s is not t:
                     t.copy_(s)
@@ -488,9 +357,9 @@ class SingularityProcessGroup(dist.ProcessGroup):
             o = dist.ScatterOptions()
             o.rootRank = self.placement.physical(root)
             cpu = torch.device("cpu")
-            buf = self._staged(out, cpu)
-            phys = [[self._staged(ins[self._order[p]], cpu) for p in range(self._size)]] if ins else []
-            self._wait(self._gloo.scatter([buf], phys, o))
+            buf = self._links.staged(out, cpu)
+            phys = [[self._links.staged(ins[self._order[p]], cpu) for p in range(self._size)]] if ins else []
+            self._links.wait(self._links.gloo.scatter([buf], phys, o))
             if buf is not out:
                 out.copy_(buf)
             return [out], 0
@@ -505,13 +374,13 @@ class SingularityProcessGroup(dist.ProcessGroup):
 
         def run(_bits: int) -> tuple[Any, int]:
             cpu = torch.device("cpu")
-            ins = splits(self._staged(input, cpu), input_split_sizes)
+            ins = splits(self._links.staged(input, cpu), input_split_sizes)
             outs_logical = splits(output, output_split_sizes)
             phys_in = [ins[self._order[p]] for p in range(self._size)]
             phys_out_sizes = [o.shape[0] for o in (outs_logical[self._order[p]] for p in range(self._size))]
             send = torch.cat(phys_in) if phys_in else input
             recv = torch.empty((sum(phys_out_sizes),) + tuple(output.shape[1:]), dtype=output.dtype)
-            self._wait(self._gloo.alltoall_base(recv, send.contiguous(), phys_out_sizes,
+            self._links.wait(self._links.gloo.alltoall_base(recv, send.contiguous(), phys_out_sizes,
                                                 [t.shape[0] for t in phys_in], dist.AllToAllOptions()))
             for p, part in enumerate(torch.split(recv, phys_out_sizes, dim=0)):
                 outs_logical[self._order[p]].copy_(part)
@@ -525,11 +394,11 @@ class SingularityProcessGroup(dist.ProcessGroup):
         op = _reduce_op(opts)
         exact.check_op(op, out.dtype)
 
-        carry = self._carries(sum(t.numel() * t.element_size() for t in ins), out.dtype, op)
+        carry = self._links.carries(sum(t.numel() * t.element_size() for t in ins), out.dtype, op)
 
         def run(bits: int) -> tuple[Any, int]:
             flat = torch.cat([t.reshape(-1) for t in ins])
-            out_bits = self._allreduce_into(flat, op, bits, carry)
+            out_bits = self._links.allreduce_into(flat, op, bits, carry)
             n = out.numel()
             out.copy_(flat[self._rank * n:(self._rank + 1) * n].view(out.shape))
             return [out], out_bits
@@ -540,11 +409,11 @@ class SingularityProcessGroup(dist.ProcessGroup):
         op = _reduce_op(opts)
         exact.check_op(op, output.dtype)
 
-        carry = self._carries(input.numel() * input.element_size(), input.dtype, op)
+        carry = self._links.carries(input.numel() * input.element_size(), input.dtype, op)
 
         def run(bits: int) -> tuple[Any, int]:
             flat = input.reshape(-1).clone()
-            out_bits = self._allreduce_into(flat, op, bits, carry)
+            out_bits = self._links.allreduce_into(flat, op, bits, carry)
             n = output.numel()
             output.copy_(flat[self._rank * n:(self._rank + 1) * n].view(output.shape))
             return [output], out_bits
@@ -553,7 +422,7 @@ class SingularityProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> Any:
         def run(_bits: int) -> tuple[Any, int]:
-            self._wait(self._gloo.barrier(dist.BarrierOptions()))
+            self._links.wait(self._links.gloo.barrier(dist.BarrierOptions()))
             return [], 0
 
         return self._issue(run, [])
@@ -571,9 +440,7 @@ class SingularityProcessGroup(dist.ProcessGroup):
             self._cut.detach(self)
         if self._turns is not None:
             self._turns.leave()
-        # Destroy the transport groups now, on this thread, while the interpreter is whole: left
-        # to interpreter teardown, gloo's threads can outlive it and the process aborts at exit.
-        self._gloo = self._nccl = self._local = self._leaders = None
+        self._links.close()
 
     def abort(self) -> None:
         self.shutdown()

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from .checkpoint_request import CheckpointRequest
-from .controller import Controller
+from ..engine.checkpoint_request import CheckpointRequest
+from ..engine.controller import Controller
 
 CONTINUE = 1
 STOP = 2
@@ -273,7 +273,7 @@ class DistributedController(Controller):
         import torch
         import torch.distributed as dist
 
-        from .store import meeting_point
+        from ..checkpoint.store import meeting_point
 
         here = 0
         if mine:

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from .store import RankFile
+from ..checkpoint.store import RankFile
 
 #: niceness added to the writer thread, so on a small machine it yields the core to the training loop
 WRITER_NICENESS = 10

@@ -314,7 +314,7 @@ _LOADING: contextvars.ContextVar[Optional[_Loading]] = contextvars.ContextVar("s
 def _tensor_from_ref(meta: tuple, inline: Any) -> torch.Tensor:
     loading = _LOADING.get()
     if loading is None:
-        raise pickle.UnpicklingError("a checkpoint tensor must be loaded with backend.proxy.dedup.load")
+        raise pickle.UnpicklingError("a checkpoint tensor must be loaded with backend.proxy.checkpoint.dedup.load")
     return _make_tensor(loading, meta, inline)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 from . import background
 from .checkpoint_request import CheckpointRequest, Then, merge
 from .ports import RuntimeView
-from .store import CheckpointStore
+from ..checkpoint.store import CheckpointStore
 
 log = logging.getLogger(__name__)
 PROGRESS_INTERVAL_S = 1.0
@@ -176,7 +176,7 @@ class Controller:
     def _report_exactness(self) -> None:
         """What an exact resume depends on: reported at the first progress tick, and again
         whenever the program changes a deterministic setting (a few attribute reads per second)."""
-        from . import fingerprint
+        from ..checkpoint import fingerprint
 
         now = fingerprint.settings()
         if now != self._exactness_reported:

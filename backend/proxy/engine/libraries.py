@@ -267,7 +267,7 @@ class ShardIterator:
 
     def _catch_up(self) -> None:
         from . import rng
-        from .errors import CheckpointError
+        from ..checkpoint.errors import CheckpointError
 
         loader = self.loader
         gs = getattr(loader, "gradient_state", None)

@@ -15,7 +15,7 @@ import sys
 from typing import Any, Optional
 
 from singularity_sdk import folders
-from .errors import CheckpointError, CheckpointFailure
+from ..checkpoint.errors import CheckpointError, CheckpointFailure
 
 #: Variables the service sets for each attempt (placement, devices, rendezvous): a restored job
 #: gets the new attempt's values even if it had overwritten them.

@@ -32,8 +32,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .analysis import (bound_names, callee_root, declared_global, function_locals, has_dynamic_parts, is_pure,
-                       is_simple_binding, library_roots, loaded_names, not_rewritable, parameters)
+from .analysis import bound_names, callee_root, declared_global, function_locals, has_dynamic_parts, is_pure, is_simple_binding, library_roots, loaded_names, not_rewritable, parameters
 
 #: the runtime's name in generated code; it ends in ``__`` so that methods do not mangle it
 RT = "__sg_rt__"

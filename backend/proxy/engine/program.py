@@ -13,14 +13,14 @@ import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import context, libraries, training_state
-from .errors import CheckpointError
+from ..checkpoint.errors import CheckpointError
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
 from .state import extract_code_globals, load_graph, rebuild_variables
 
 if TYPE_CHECKING:  # pragma: no cover
     from .controller import Controller
-    from .store import CheckpointRef
+    from ..checkpoint.store import CheckpointRef
 
 
 def _register_source(filename: str, source: str) -> None:

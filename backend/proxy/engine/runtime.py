@@ -22,7 +22,7 @@ import warnings
 from typing import Any, Callable, Optional, Sequence
 
 from . import frames, iterators, rng, taking
-from .errors import CheckpointError, Preempted
+from ..checkpoint.errors import CheckpointError, Preempted
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
 from .ports import ControllerView, ProgramView
 from .rewrite import RT

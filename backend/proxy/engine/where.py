@@ -14,7 +14,8 @@ import sys
 from types import FrameType
 from typing import Any, Optional
 
-_ENGINE = os.path.dirname(os.path.abspath(__file__))
+#: the proxy's own folder (all its layers): its frames are not where the job "is"
+_ENGINE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _is_engine(path: str) -> bool:
