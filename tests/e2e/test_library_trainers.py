@@ -120,6 +120,11 @@ def test_transformers_trainer_stops_inside_the_library_loop_and_resumes_exactly(
         assert run.returncode == 75, run.stderr
         assert f'"step": {step}' in run.stderr
         out += run.stdout
+    # the position is in transformers' own statements: another version of it refuses the restore
+    other = {"SINGULARITY_FINGERPRINT_OVERRIDE": json.dumps({"libraries": {"transformers": "0.0.1-other"}})}
+    refused = _proxy(job, "--restore", "--", *HF_ARGS, env=other)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+    assert "transformers " in refused.stderr and "(checkpoint) vs 0.0.1-other (here)" in refused.stderr
     run = _proxy(job, "--restore", "--", *HF_ARGS)
     assert run.returncode == 0, run.stderr
     assert out + run.stdout == expected

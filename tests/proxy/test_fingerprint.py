@@ -75,3 +75,14 @@ def test_differences_compare_only_what_the_checkpoint_depends_on():
     assert fingerprint.differences(recorded, {"python": "3.12.1", "numpy": "2.0.0", "device": "NVIDIA H200"}) == [
         "python 3.11.7 (checkpoint) vs 3.12.1 (here)", "device cpu (checkpoint) vs NVIDIA H200 (here)"]
     assert fingerprint.matches(None, None) and not fingerprint.matches(recorded, None)
+
+
+def test_rewritten_library_versions_are_compared_on_restore_not_by_node_placement():
+    recorded = {"python": "3.11.0", "libraries": {"transformers": "4.46.0"}}
+    assert fingerprint.differences(recorded, {"python": "3.11.0", "libraries": {"transformers": "4.46.0"}}) == []
+    assert fingerprint.differences(recorded, {"python": "3.11.0", "libraries": {"transformers": "4.47.0"}}) == [
+        "transformers 4.46.0 (checkpoint) vs 4.47.0 (here)"]
+    assert fingerprint.differences(recorded, {"python": "3.11.0", "libraries": {}}) == [
+        "transformers 4.46.0 (checkpoint) vs not installed (here)"]
+    # a node's fingerprint lists no libraries: the scheduler does not hold a job back for them
+    assert fingerprint.matches(recorded, {"python": "3.11.0", "torch": None, "numpy": None, "device": "cpu"})

@@ -4,14 +4,16 @@ Bitwise-identical continuation holds only where the restoring process computes a
 checkpointing one did: the same Python, torch and numpy (kernels, RNG algorithms and pickles
 change between versions), the same device model (kernels differ between GPU models), and the
 same deterministic settings (``torch.backends.cudnn.benchmark``, deterministic algorithms, the
-intra-op thread count). Versions and the device are *compared*: the scheduler places a job whose
+intra-op thread count), and the same versions of the libraries whose loops the engine rewrote
+(a transformers ``Trainer`` loop: its position is recorded in that library's own statements). Versions and the device are *compared*: the scheduler places a job whose
 checkpoint has a fingerprint only on nodes that match it, and a restore elsewhere is refused
 naming the difference. Settings are *carried*: the statements that set them ran before the
 checkpoint and are skipped on restore, so the restore sets them again.
 
 ``SINGULARITY_FINGERPRINT_OVERRIDE`` (a JSON object, e.g. ``{"torch": "2.0.0"}``) replaces
 entries of what this process reports as its own fingerprint: a test and operations knob to
-make one node look different (or to declare two builds equivalent). It does not change what
+make one node look different (or to declare two builds equivalent); its ``"libraries"`` entry
+(``{"transformers": "4.0.0"}``) does the same for rewritten libraries. It does not change what
 actually runs.
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ OVERRIDE_ENV = "SINGULARITY_FINGERPRINT_OVERRIDE"
 COMPARED = ("python", "torch", "numpy", "device")
 
 
-def _override() -> dict[str, Any]:
+def _override(keys: tuple[str, ...] = COMPARED) -> dict[str, Any]:
     raw = os.environ.get(OVERRIDE_ENV)
     if not raw:
         return {}
@@ -36,7 +38,7 @@ def _override() -> dict[str, Any]:
         value = json.loads(raw)
     except ValueError:
         return {}
-    return {k: v for k, v in value.items() if k in COMPARED} if isinstance(value, dict) else {}
+    return {k: v for k, v in value.items() if k in keys} if isinstance(value, dict) else {}
 
 
 def _installed(dist: str) -> Optional[str]:
@@ -101,9 +103,10 @@ def settings() -> dict[str, Any]:
             "threads": int(torch.get_num_threads())}
 
 
-def capture() -> dict[str, Any]:
+def capture(libraries: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """The running job's fingerprint, for its checkpoint. A library the job never imported is
-    recorded as None: its version cannot matter to the result."""
+    recorded as None: its version cannot matter to the result. ``libraries``: the distributions
+    (name -> version) whose modules the engine rewrote, which a restore must match too."""
     fp: dict[str, Any] = {"python": platform.python_version(), "torch": _loaded_version("torch"),
                           "numpy": _loaded_version("numpy"), "device": _visible_gpu_name() or "cpu"}
     fp.update(_override())
@@ -111,6 +114,7 @@ def capture() -> dict[str, Any]:
         if sys.modules.get(lib) is None:
             fp[lib] = None
     fp["settings"] = settings()
+    fp["libraries"] = dict(libraries or {})
     fp["engine"] = _installed("singularity-notebooks")  # who wrote it, for a refusal's message
     return fp
 
@@ -130,6 +134,11 @@ def differences(recorded: Optional[dict[str, Any]], current: dict[str, Any]) -> 
         want = (recorded or {}).get(key)
         if want is not None and current.get(key) != want:
             out.append(f"{key} {want} (checkpoint) vs {current.get(key)} (here)")
+    if "libraries" in current:  # a node's fingerprint does not list them: only a restore compares
+        for dist, want in ((recorded or {}).get("libraries") or {}).items():
+            have = current["libraries"].get(dist)
+            if have != want:
+                out.append(f"{dist} {want} (checkpoint) vs {have or 'not installed'} (here)")
     return out
 
 
@@ -143,7 +152,10 @@ def check_restore(recorded: Optional[dict[str, Any]], where: str) -> None:
     checkpoint's deterministic settings back (their statements are skipped on restore)."""
     from .errors import CheckpointError
 
-    diff = differences(recorded, here())
+    current = here()
+    wanted = (recorded or {}).get("libraries") or {}
+    current["libraries"] = {**{dist: _installed(dist) for dist in wanted}, **_override(("libraries",)).get("libraries", {})}
+    diff = differences(recorded, current)
     if diff:
         raise CheckpointError(
             f"{where} cannot resume exactly here: {'; '.join(diff)}. Resume it on a node that matches "

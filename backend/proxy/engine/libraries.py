@@ -25,8 +25,10 @@ Node and function ids of a library module lie in a range of their own, derived f
 """
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -90,6 +92,30 @@ class Registry:
 
 
 REGISTRY = Registry()
+
+
+def rewritten_distributions() -> dict[str, str]:
+    """The installed distributions (name -> version) whose modules were rewritten in this
+    process: a checkpoint's position inside them is valid only for the same version. Modules of
+    the job's own folder belong to no distribution and are not listed."""
+    if not REGISTRY.modules:
+        return {}
+    owners = _distributions_by_package()
+    out: dict[str, str] = {}
+    for name in REGISTRY.modules:
+        if _finder.in_folder(name):
+            continue
+        for dist in owners.get(name.partition(".")[0], ()):
+            try:
+                out[dist] = importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                pass
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _distributions_by_package() -> dict[str, list[str]]:
+    return dict(importlib.metadata.packages_distributions())
 
 
 class _RewritingLoader(importlib.machinery.SourceFileLoader):

@@ -525,7 +525,7 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
                  "python": platform.python_version(),
                  "torch": getattr(lazy.torch(), "__version__", None),  # None: torch not loaded
                  "filename": rt.program.filename},
-        "fingerprint": fingerprint.capture(),  # what an exact resume depends on: checked on restore
+        "fingerprint": fingerprint.capture(libraries.rewritten_distributions()),  # what an exact resume depends on: checked on restore
         # last: refers back to the tensors and optimizers above (grads, a GradScaler's pending state)
         "tail": training_state.Tail(),
     }
