@@ -5,6 +5,7 @@ normal for development and CI, not an error.
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
@@ -30,6 +31,31 @@ def discover_gpus() -> list[DeviceInfo]:
             mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
             out.append(DeviceInfo(index=i, kind="cuda", name=_text(name), uuid=_text(uuid), memory_bytes=int(mem)))
         return out
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_minor_numbers() -> Optional[dict[str, int]]:
+    """GPU uuid -> its minor number (the N of ``/dev/nvidiaN``), for the sandbox's device files;
+    None when NVML cannot say (no GPU, no driver)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        out = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            out[_text(pynvml.nvmlDeviceGetUUID(h))] = int(pynvml.nvmlDeviceGetMinorNumber(h))
+        return out
+    except Exception:
+        return None
     finally:
         try:
             pynvml.nvmlShutdown()

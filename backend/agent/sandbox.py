@@ -12,7 +12,11 @@ parts that are easy to get wrong (mount propagation, a reaping pid 1, dying with
   mounts, and only this attempt's own folders are mounted back (its run folder, its checkpoint
   folder, its synced copy); the folder it was submitted from stays where it is;
 - its own ``/dev/shm`` (DataLoader workers share tensors through it, other jobs do not see it);
-- everything else (the Python installation, devices, the network) as on the host.
+- of the GPUs' device files (``/dev/nvidiaN``) only its own: the others are covered by a
+  read-only bind of ``/dev/null`` (bwrap mounts it ``nodev``, so opening one fails with
+  EACCES), so a job cannot reach another job's GPU even by resetting ``CUDA_VISIBLE_DEVICES``;
+  the shared control files (``nvidiactl``, ``nvidia-uvm``) stay, CUDA needs them;
+- everything else (the Python installation, the network) as on the host.
 
 ``SINGULARITY_SANDBOX``: ``auto`` (default: bwrap when it works here, else no sandbox and a
 warning), ``bwrap`` (required: a worker does not start without it), ``off``. A sandboxed
@@ -23,11 +27,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Collection, Iterable, Optional
 
 log = logging.getLogger("singularity.agent")
 
@@ -74,17 +79,37 @@ def choose(mode: Optional[str] = None) -> Optional[str]:
     return None
 
 
+#: a GPU's own device file; N is its minor number (NVML's ``nvmlDeviceGetMinorNumber``)
+_GPU_FILE = re.compile(r"nvidia(\d+)")
+
+
+def gpu_files_to_mask(own: Optional[Collection[int]], dev: Path = Path("/dev")) -> list[Path]:
+    """The GPU device files under ``dev`` a job must not open: every ``nvidiaN`` whose N is not
+    among ``own`` (the minor numbers of the job's GPUs on this node). None: nothing is masked
+    (the minor numbers are unknown here, and masking blindly could hide the job's own GPU)."""
+    if own is None:
+        return []
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        return []
+    return sorted(dev / n for n in names if (m := _GPU_FILE.fullmatch(n)) and int(m.group(1)) not in own)
+
+
 def command(bwrap: str, argv: list[str], hidden: Iterable[Path], visible: Iterable[Path],
-            info_fd: int) -> list[str]:
+            info_fd: int, masked: Iterable[Path] = ()) -> list[str]:
     """``argv`` wrapped in bwrap: ``hidden`` folders covered, ``visible`` ones (inside them)
-    mounted back; the sandbox's pid is written to ``info_fd`` as JSON ``{"child-pid": N}``,
-    and it leads its own process group (signal that one, not bwrap's)."""
+    mounted back, ``masked`` device files made unopenable; the sandbox's pid is written to
+    ``info_fd`` as JSON ``{"child-pid": N}``, and it leads its own process group (signal that
+    one, not bwrap's)."""
     out = [bwrap, "--die-with-parent", "--unshare-pid", "--new-session", "--info-fd", str(info_fd),
            "--dev-bind", "/", "/", "--proc", "/proc", "--tmpfs", "/dev/shm"]
     for path in _outermost(hidden):
         out += ["--tmpfs", str(path)]
     for path in sorted({Path(p).resolve() for p in visible if Path(p).exists()}):
         out += ["--bind", str(path), str(path)]
+    for path in masked:
+        out += ["--ro-bind", os.devnull, str(path)]
     return out + ["--", *argv]
 
 

@@ -29,7 +29,7 @@ from backend.worker import output_marks
 from singularity_sdk.protocol import DeviceInfo, EventType, StartJob
 
 from . import sandbox
-from .devices import slot_cores
+from .devices import gpu_minor_numbers, slot_cores
 from .spawner import Spawner
 
 Emit = Callable[[EventType, dict[str, Any]], None]
@@ -178,6 +178,14 @@ class JobRun:
         ]
         return rp
 
+    def _own_gpu_minors(self) -> Optional[set[int]]:
+        """The minor numbers of this job's GPUs on this node (None: NVML cannot say)."""
+        minors = gpu_minor_numbers()
+        if minors is None:
+            return None
+        gpus = [self.devices[i] for rs in self.spec.ranks for i in rs.devices if self.devices[i].kind == "cuda"]
+        return {minors[d.uuid] for d in gpus if d.uuid in minors}
+
     async def _spawn_sandboxed(self, argv: list[str], env: dict[str, str], rank_dir: Path,
                                w_fd: int) -> tuple[Any, int]:
         """A fresh worker inside its sandbox (backend/agent/sandbox.py); returns the process
@@ -196,7 +204,7 @@ class JobRun:
         info_r, info_w = os.pipe()
         try:
             cmd = sandbox.command(self.bwrap, [sys.executable, "-m", "backend.worker", *argv], self.hidden,
-                                  visible, info_w)
+                                  visible, info_w, sandbox.gpu_files_to_mask(self._own_gpu_minors()))
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 env=env, cwd=str(rank_dir), pass_fds=(w_fd, info_w), start_new_session=True, limit=LINE_LIMIT,

@@ -126,3 +126,28 @@ def test_a_cudnn_convolutional_model_resumes_exactly_at_every_third_step(tmp_pat
     last = subprocess.run(run + restore, capture_output=True, text=True)
     assert last.returncode == 0, last.stderr
     assert out + last.stdout == plain
+
+
+@needs_gpu
+def test_a_sandboxed_job_opens_only_its_own_gpus_device_file():
+    from backend.agent import sandbox
+    from backend.agent.devices import gpu_minor_numbers
+
+    bwrap = sandbox.choose()
+    if bwrap is None:
+        pytest.skip("no working bwrap here (make setup installs bubblewrap)")
+    minors = gpu_minor_numbers()
+    assert minors, "NVML gave no minor numbers on a machine with a GPU"
+    first = min(minors.values())
+    probe = f"open('/dev/nvidia{first}', 'rb').close(); print('open')"
+    for own, expected in (({first}, "open"), (set(), "PermissionError")):
+        import os
+
+        r, w = os.pipe()
+        try:
+            cmd = sandbox.command(bwrap, [sys.executable, "-c", probe], [], [], w, sandbox.gpu_files_to_mask(own))
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, pass_fds=(w,))
+        finally:
+            os.close(r)
+            os.close(w)
+        assert expected in done.stdout + done.stderr, (own, done.stdout, done.stderr)
