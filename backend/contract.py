@@ -4,8 +4,9 @@ The agent starts a worker as ``python -m backend.worker SPEC_JSON RANK_DIR`` wit
 environment below; the worker (and the proxy inside it) reads that environment, reports on the
 control pipe, and leaves its outcome in the rank folder for the agent to read after it exits
 (so the outcome survives a lost connection). Both sides, and the proxy's own launchers, take
-the names from here. This module imports nothing of the project: the worker imports it before
-anything else, on every start.
+the names from here. This module imports nothing of the project but the SDK's `report` (which
+owns the job's end of the control pipe, and imports only the standard library): the worker
+imports it before anything else, on every start.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+
+from singularity_sdk.report import CONTROL_FD_ENV
 
 # ---------------------------------------------------------------------------- exit codes
 #: the rank stopped at a committed checkpoint (preempt, migrate, resize): resume it later
@@ -28,9 +31,11 @@ EXIT_COLLECTIVE_FAILED = 70
 ENV_JOB_ID = "SINGULARITY_JOB_ID"
 ENV_ATTEMPT = "SINGULARITY_ATTEMPT"
 #: the write end of the control pipe (backend/worker/main.py: ControlChannel)
-ENV_CONTROL_FD = "SINGULARITY_CONTROL_FD"
+ENV_CONTROL_FD = CONTROL_FD_ENV
 #: JSON list of the rank's devices (singularity_sdk.protocol.DeviceInfo)
 ENV_DEVICES = "SINGULARITY_DEVICES"
+#: the level of the service's own logs (server, agent): DEBUG, INFO, WARNING...
+ENV_LOG_LEVEL = "SINGULARITY_LOG_LEVEL"
 #: the folder of the job's checkpoints on this node (backend/proxy/checkpoint/store.py)
 ENV_CHECKPOINT_DIR = "SINGULARITY_CHECKPOINT_DIR"
 #: threads for the rank (also OMP_NUM_THREADS/MKL_NUM_THREADS): results must not depend on the node

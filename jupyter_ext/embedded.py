@@ -22,7 +22,7 @@ from typing import Optional
 
 import httpx
 
-from singularity_sdk.config import default_home
+from singularity_sdk.config import HOME_ENV, TOKEN_ENV, URL_ENV, default_home
 from singularity_sdk.errors import SingularityError
 from singularity_sdk.local import launch_serve, wait_for_serve
 from singularity_sdk.protocol import API_PREFIX
@@ -79,9 +79,9 @@ class BackendManager:
     # ------------------------------------------------------------------ start
     def start(self) -> BackendInfo:
         """Connect to the configured server, else adopt or start one on the home."""
-        url = self.url or os.environ.get("SINGULARITY_URL", "")
+        url = self.url or os.environ.get(URL_ENV, "")
         if url:
-            token = self.token or os.environ.get("SINGULARITY_TOKEN", "") or self._token_from_home()
+            token = self.token or os.environ.get(TOKEN_ENV, "") or self._token_from_home()
             self.info = BackendInfo(mode="external", url=url.rstrip("/"), token=token)
             if not token:
                 self.info.error = f"no token for {url}: set SingularityApp.token or SINGULARITY_TOKEN"
@@ -110,7 +110,7 @@ class BackendManager:
             args += ["--store", self.store]
         if self.devices_per_node:
             args += ["--devices-per-node", str(self.devices_per_node)]
-        env = {k: v for k, v in os.environ.items() if k not in ("SINGULARITY_URL", "SINGULARITY_TOKEN")}
+        env = {k: v for k, v in os.environ.items() if k not in (URL_ENV, TOKEN_ENV)}
         log_path = home / "logs" / "jupyter-backend.log"
         self.proc = launch_serve(home, args, env, log_path, new_session=True)
         try:
@@ -157,10 +157,10 @@ class BackendManager:
         info = self.info
         if info.mode == "external":
             if info.url and info.token:
-                os.environ["SINGULARITY_URL"] = info.url
-                os.environ["SINGULARITY_TOKEN"] = info.token
+                os.environ[URL_ENV] = info.url
+                os.environ[TOKEN_ENV] = info.token
         elif info.home is not None:
-            os.environ["SINGULARITY_HOME"] = str(info.home)
+            os.environ[HOME_ENV] = str(info.home)
 
     # ------------------------------------------------------------------ stop
     def stop(self, timeout: float = STOP_TIMEOUT_S + 20.0) -> None:

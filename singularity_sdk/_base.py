@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Union
 import httpx
 
 from . import tls
-from .config import resolve
+from .config import REWRITE_MODULES_ENV, resolve
 from .errors import APIError, CheckpointFailed, AuthError, Conflict, InvalidRequest, JobCancelled, JobFailed, JobNotFound, ServerUnreachable
 from pydantic import ValidationError
 
@@ -97,7 +97,7 @@ class BaseClient:
         fields: dict[str, Any] = dict(gpus=gpus, sla=sla, name=name, ranks=ranks, workdir=folder,
                                       checkpoint_every=checkpoint_every, env=env or {}, outputs=list(outputs or []))
         if rewrite_modules:  # library modules whose loops get safe points (docs/checkpoint-format.md)
-            fields["env"] = {**fields["env"], "SINGULARITY_REWRITE_MODULES": ",".join(rewrite_modules)}
+            fields["env"] = {**fields["env"], REWRITE_MODULES_ENV: ",".join(rewrite_modules)}
         if argv is not None:
             fields["args"] = argv
         if sync_workdir:

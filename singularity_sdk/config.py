@@ -9,9 +9,19 @@ from typing import Optional
 
 from .errors import ConfigError
 
+#: the environment a client (and a service the SDK starts) reads: where the service keeps its
+#: files, where it answers, and the token to use
+HOME_ENV = "SINGULARITY_HOME"
+URL_ENV = "SINGULARITY_URL"
+TOKEN_ENV = "SINGULARITY_TOKEN"
+#: how jobs are sandboxed (``auto``, ``bwrap``, ``off``; backend/agent/sandbox.py)
+SANDBOX_ENV = "SINGULARITY_SANDBOX"
+#: a job's library modules to rewrite, comma-separated (backend/proxy/engine/libraries.py)
+REWRITE_MODULES_ENV = "SINGULARITY_REWRITE_MODULES"
+
 
 def default_home() -> Path:
-    return Path(os.environ.get("SINGULARITY_HOME") or Path.home() / ".singularity")
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".singularity")
 
 
 @dataclass(frozen=True)
@@ -25,8 +35,8 @@ class Connection:
 def resolve(url: Optional[str] = None, token: Optional[str] = None, home: Optional[Path] = None) -> Connection:
     """Explicit values win, then ``SINGULARITY_URL``/``SINGULARITY_TOKEN``, then
     ``$SINGULARITY_HOME/server.json`` written by ``singularityctl serve``."""
-    url = url or os.environ.get("SINGULARITY_URL")
-    token = token or os.environ.get("SINGULARITY_TOKEN")
+    url = url or os.environ.get(URL_ENV)
+    token = token or os.environ.get(TOKEN_ENV)
     if url and token:
         return Connection(url.rstrip("/"), token)
     path = (Path(home) if home else default_home()) / "server.json"

@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 from .aio import AsyncClient
 from .client import Client
+from .config import HOME_ENV, SANDBOX_ENV
 from .errors import SingularityError
 
 
@@ -32,7 +33,7 @@ def launch_serve(home: Path, args: list[str], env: dict[str, str], log_path: Pat
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "backend", "serve", "--home", str(home), *args],
-                                env={**env, "SINGULARITY_HOME": str(home)}, stdin=subprocess.DEVNULL, stdout=log,
+                                env={**env, HOME_ENV: str(home)}, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=new_session)
 
 
@@ -118,9 +119,9 @@ class LocalCluster:
                 "--devices-per-node", str(self.devices_per_node), *self.extra_args]
         env = {**os.environ, **self.env}
         if self.sandbox is not None:
-            env["SINGULARITY_SANDBOX"] = self.sandbox
+            env[SANDBOX_ENV] = self.sandbox
         else:
-            env.setdefault("SINGULARITY_SANDBOX", "off")
+            env.setdefault(SANDBOX_ENV, "off")
         deadline = time.monotonic() + self.start_timeout
         self.proc = launch_serve(self.home, args, env, self.home / "server.log")
         info = wait_for_serve(self.home, self.proc, self.start_timeout, self.home / "server.log")

@@ -13,6 +13,9 @@ import os
 import stat
 from typing import Optional, Union
 
+#: the descriptor of a job's channel to its worker, where `log` writes (set by the agent)
+CONTROL_FD_ENV = "SINGULARITY_CONTROL_FD"
+
 Number = Union[int, float]
 #: One write of at most this many bytes to a pipe is atomic (POSIX PIPE_BUF), so a report never
 #: interleaves with the worker's own messages on the same pipe.
@@ -24,7 +27,7 @@ def log(step: Optional[Number] = None, **values: Number) -> bool:
 
     Without ``step`` a point's x is its index in the series. Non-numbers and infinities are
     skipped. A no-op outside a Singularity job."""
-    fd = os.environ.get("SINGULARITY_CONTROL_FD")
+    fd = os.environ.get(CONTROL_FD_ENV)
     if not fd:
         return False
     metrics = {str(k): float(v) for k, v in values.items()

@@ -41,6 +41,7 @@ from singularity_sdk.protocol import (
     server_message_adapter,
 )
 
+from backend.contract import ENV_LOG_LEVEL
 from backend.proxy.checkpoint.fingerprint import node as node_fingerprint
 from singularity_sdk import tls
 from singularity_sdk.config import default_home
@@ -401,7 +402,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                    help="how the other nodes reach this one (rank 0 of a job listens here); "
                         "default: the local address of the connection to the server")
     args = p.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("SINGULARITY_LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=os.environ.get(ENV_LOG_LEVEL, "INFO"),
                         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     base = default_home()
     home = args.home or base / "agents" / args.name

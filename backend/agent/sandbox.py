@@ -34,12 +34,17 @@ import subprocess
 from pathlib import Path
 from typing import Collection, Iterable, Optional
 
+from singularity_sdk.config import SANDBOX_ENV, TOKEN_ENV
+
+from .credential import JOIN_ENV
+from .credential import TOKEN_ENV as AGENT_TOKEN_ENV
+
 log = logging.getLogger("singularity.agent")
 
-MODE_ENV = "SINGULARITY_SANDBOX"
+MODE_ENV = SANDBOX_ENV
 MODES = ("auto", "bwrap", "off")
 #: Variables a worker never inherits from its agent: credentials of the service.
-SECRET_ENV = ("SINGULARITY_TOKEN", "SINGULARITY_AGENT_TOKEN", "SINGULARITY_JOIN_TOKEN")
+SECRET_ENV = (TOKEN_ENV, AGENT_TOKEN_ENV, JOIN_ENV)
 #: The umask jobs get (the service's own files are created 0600 under umask 077).
 JOB_UMASK_ENV = "SINGULARITY_JOB_UMASK"
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from backend.agent.credential import CREDENTIAL_FILE
+from backend.agent.credential import TOKEN_ENV as AGENT_TOKEN_ENV
 from backend.agent.credential import save as save_credential
 from singularity_sdk.config import default_home
 
@@ -58,7 +59,7 @@ class NodeAgent:
             cmd += ["--store", self.store]
         if self.ca:
             cmd += ["--ca", self.ca]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SINGULARITY_AGENT_TOKEN")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(AGENT_TOKEN_ENV)}
         log = open(home / "agent.log", "ab")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      cwd=str(home), preexec_fn=_die_with_parent)

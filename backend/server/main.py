@@ -25,6 +25,7 @@ from singularity_sdk.config import default_home
 from singularity_sdk.protocol import NodeState, Shutdown
 
 from backend.agent.credential import CREDENTIAL_FILE
+from backend.contract import ENV_LOG_LEVEL
 from backend.agent.credential import save as save_credential
 from backend.agent.sandbox import JOB_UMASK_ENV
 
@@ -267,7 +268,7 @@ def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node
         checkpoint_every = ServiceConfig.checkpoint_every
     elif checkpoint_every <= 0:
         checkpoint_every = None
-    logging.basicConfig(level=os.environ.get("SINGULARITY_LOG_LEVEL", "INFO"),
+    logging.basicConfig(level=os.environ.get(ENV_LOG_LEVEL, "INFO"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ServiceConfig(checkpoint_every=checkpoint_every, node_timeout_s=node_timeout, policy=policy,
                            min_move_interval_s=min_move_interval, move_cost_s=move_cost,

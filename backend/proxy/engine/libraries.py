@@ -37,6 +37,8 @@ import weakref
 import zlib
 from typing import Any, Iterable, Optional, Sequence
 
+from singularity_sdk.config import REWRITE_MODULES_ENV
+
 from . import training_state
 from .rewrite import RT, rewrite_library
 
@@ -46,7 +48,7 @@ from .rewrite import RT, rewrite_library
 #: iterates through a generator, made resumable by `shard_iterators`.
 DEFAULT_MODULES: tuple[str, ...] = ("transformers.trainer",)
 #: the environment variable naming extra modules (comma-separated); ``-`` first turns the defaults off
-ENV = "SINGULARITY_REWRITE_MODULES"
+ENV = REWRITE_MODULES_ENV
 #: "0" leaves the modules of the job's own folder as they are
 FOLDER_ENV = "SINGULARITY_REWRITE_FOLDER"
 #: never rewritten from a job's folder: the service's own code (a job run from its checkout)
