@@ -13,9 +13,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .protocol import Event, EventType
+from .protocol import Event, EventType, Placement
 
-Placement = list[dict[str, Any]]  # [{"node": ..., "devices": [...]}], as in JobInfo
 
 
 class Payload(BaseModel):
@@ -32,7 +31,7 @@ class Submitted(Payload):
 
 
 class Scheduled(Payload):
-    placement: Placement = Field(default_factory=list)
+    placement: list[Placement] = Field(default_factory=list)
     attempt: Optional[int] = None
     reason: str = ""
 
@@ -122,7 +121,7 @@ class Resumed(Payload):
     seconds: Optional[float] = None
     node: Optional[str] = None
     attempt: Optional[int] = None
-    placement: Placement = Field(default_factory=list)
+    placement: list[Placement] = Field(default_factory=list)
     rebuilt: list[Any] = Field(default_factory=list)
     checkpoint: Optional[str] = None
 

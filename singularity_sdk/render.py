@@ -7,11 +7,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import payloads
-from .protocol import Event, EventType, JobInfo
+from .protocol import Event, EventType, JobInfo, Placement
 
 
-def _where(placement: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{p['node']} {p['devices']}" for p in placement)
+def _where(placement: list[Placement]) -> str:
+    return ", ".join(f"{p.node} {p.devices}" for p in placement)
 
 
 def _size(n: Any) -> str:

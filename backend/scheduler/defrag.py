@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from .placement import Placement
+from .placement import DeviceMap
 from .round_state import RJob, RoundState
 
 
@@ -34,7 +34,7 @@ def _choose_movers(movers: list[RJob], need: int) -> list[RJob]:
     return []
 
 
-def defragment(state: RoundState, ben: RJob, p: int) -> Optional[Placement]:
+def defragment(state: RoundState, ben: RJob, p: int) -> Optional[DeviceMap]:
     """Migrate jobs so that ``ben`` fits on one node with ``p`` devices; the placement or None."""
     cfg = state.config
     if not cfg.defrag or p > state.free.max_size or state.free.total < p:
@@ -74,10 +74,10 @@ def defragment(state: RoundState, ben: RJob, p: int) -> Optional[Placement]:
     return None
 
 
-def _destinations(state: RoundState, moved: list[RJob], away: str) -> Optional[list[tuple[RJob, Placement]]]:
+def _destinations(state: RoundState, moved: list[RJob], away: str) -> Optional[list[tuple[RJob, DeviceMap]]]:
     """Best-fit homes for the moved jobs on other nodes, or None; leaves the state unchanged."""
-    taken: list[Placement] = []
-    out: list[tuple[RJob, Placement]] = []
+    taken: list[DeviceMap] = []
+    out: list[tuple[RJob, DeviceMap]] = []
     try:
         for j in sorted(moved, key=lambda j: -j.held):
             dest = state.free.best_fit(j.held, exclude={away})

@@ -22,7 +22,9 @@ from typing import Iterable, Optional
 
 from .types import NodeView
 
-Placement = dict[str, tuple[int, ...]]
+#: node name -> the device indices a job holds (or is given) there; the SDK's `Placement`
+#: rows are its wire form
+DeviceMap = dict[str, tuple[int, ...]]
 
 
 @lru_cache(maxsize=4096)
@@ -31,7 +33,7 @@ def divisors(w: int) -> tuple[int, ...]:
     return tuple(p for p in range(w, 0, -1) if w % p == 0)
 
 
-def fmt_placement(placement: Placement) -> str:
+def fmt_placement(placement: DeviceMap) -> str:
     """Short human form used in reasons: ``node-1 [0, 1], node-2 [4]``."""
     return ", ".join(f"{n} {list(d)}" for n, d in placement.items())
 
@@ -108,7 +110,7 @@ class FreeDevices:
         return out
 
     def pick(self, p: int, prefer: Iterable[str] = (), only: Optional[frozenset[str]] = None,
-             exclude: Iterable[str] = ()) -> Optional[Placement]:
+             exclude: Iterable[str] = ()) -> Optional[DeviceMap]:
         """Devices for a gang of ``p`` under the locality rule, or None if it does not fit now.
 
         The one rule for device choice: every policy, and the server's migrate, resize and
@@ -136,7 +138,7 @@ class FreeDevices:
                     return {name: tuple(self.free[name][:p])}
             node = self.best_fit(p, among=among)
             return None if node is None else {node: tuple(self.free[node][:p])}
-        placement: Placement = {}
+        placement: DeviceMap = {}
         need = p
         for name in self.fully_free(among):
             if need <= largest:
@@ -151,16 +153,16 @@ class FreeDevices:
         placement[last] = tuple(self.free[last][:need])
         return placement
 
-    def take_placement(self, placement: Placement) -> None:
+    def take_placement(self, placement: DeviceMap) -> None:
         for node, devs in placement.items():
             self.take(node, devs)
 
-    def give_placement(self, placement: Placement) -> None:
+    def give_placement(self, placement: DeviceMap) -> None:
         for node, devs in placement.items():
             self.give(node, devs)
 
 
-def fits_locality(placement: Placement, max_size: int, sizes: dict[str, int]) -> bool:
+def fits_locality(placement: DeviceMap, max_size: int, sizes: dict[str, int]) -> bool:
     """True if ``placement`` obeys the locality rule (used by the simulator to check policies)."""
     p = sum(len(d) for d in placement.values())
     if p <= max_size:

@@ -18,7 +18,7 @@ from typing import Optional
 
 from singularity_sdk.protocol import SLA
 
-from .placement import Placement, divisors
+from .placement import DeviceMap, divisors
 from .round_state import CATEGORY, RJob, RoundState, shrunk_placement
 
 Changes = dict[RJob, int]  # victim -> new device count (0 = preempt)
@@ -147,7 +147,7 @@ def _commit(state: RoundState, node: str, changes: Changes, ben: RJob, p: int, l
         )
 
 
-def reclaim(state: RoundState, ben: RJob, p: int, cats: tuple[int, ...], las: bool = False) -> Optional[Placement]:
+def reclaim(state: RoundState, ben: RJob, p: int, cats: tuple[int, ...], las: bool = False) -> Optional[DeviceMap]:
     """Free ``p`` devices for ``ben`` by taking them from running jobs; the placement, or None.
 
     ``las``: jobs of ``ben``'s own tier are taken from by least attained service (only those
@@ -168,7 +168,7 @@ def reclaim(state: RoundState, ben: RJob, p: int, cats: tuple[int, ...], las: bo
 
 def _reclaim_multi(
     state: RoundState, ben: RJob, p: int, cats: tuple[int, ...], las: Optional[tuple[int, int]] = None
-) -> Optional[Placement]:
+) -> Optional[DeviceMap]:
     """A job larger than a node: whole nodes plus a remainder, each freed like a small job."""
     big = state.free.max_size
     whole_n, rest = divmod(p, big)
@@ -205,7 +205,7 @@ def _reclaim_multi(
                     break
             else:
                 return None
-    placement: Placement = {}
+    placement: DeviceMap = {}
     for k, (i, changes) in enumerate(plans):
         node = state.names[i]
         _commit(state, node, changes, ben, p, las is not None)

@@ -17,7 +17,7 @@ import numpy as np
 
 from singularity_sdk.protocol import SLA, JobState
 
-from .placement import FreeDevices, Placement
+from .placement import DeviceMap, FreeDevices
 from .quotas import over_quota
 from .tiers import RANK, PolicyConfig, min_devices
 from .types import Action, JobView, Migrate, Place, Preempt, Resize, Snapshot
@@ -53,7 +53,7 @@ class RJob:
     min_p: int  # fewest devices it may be shrunk to (its effective tier's minimum)
     submitted_at: float
     ckpt: float  # newest checkpoint, else submission: the work a move would lose starts here
-    placement: Placement
+    placement: DeviceMap
     held: int
     running: bool  # RUNNING (not in a transition)
     protected: bool  # moved too recently to be touched (anti-thrash)
@@ -84,10 +84,10 @@ class RJob:
         return self.running and not self.protected and not self.touched and self.rank < 2
 
 
-def shrunk_placement(placement: Placement, p: int) -> Placement:
+def shrunk_placement(placement: DeviceMap, p: int) -> DeviceMap:
     """Devices a job keeps when it shrinks to ``p``: its fullest nodes, lowest indices first,
     so that a shrunk job stays packed and hands back whole nodes when it can."""
-    keep: Placement = {}
+    keep: DeviceMap = {}
     left = p
     for node, devs in sorted(placement.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         if left <= 0:
@@ -128,7 +128,7 @@ class RoundState:
         #: placements by taking devices from running jobs still allowed this round
         self.takes_left = config.max_takes_per_round if config.max_takes_per_round is not None else 1 << 62
         #: job id -> devices held back for it this round (a starving job that did not fit)
-        self.reserved: dict[str, Placement] = {}
+        self.reserved: dict[str, DeviceMap] = {}
         #: jobs whose user is over a tier quota: the tier they run at this round
         self.demoted = over_quota(snapshot.jobs, snapshot.quotas)
         self._read_jobs(snapshot.jobs)
@@ -277,24 +277,24 @@ class RoundState:
 
     # ------------------------------------------------------------------ device bookkeeping
 
-    def give_devices(self, placement: Placement) -> None:
+    def give_devices(self, placement: DeviceMap) -> None:
         self.version += 1
         for node, devs in placement.items():
             if node in self.free.free:
                 self.free.give(node, devs)
                 self.nfree[self.index[node]] += len(devs)
 
-    def take_devices(self, placement: Placement) -> None:
+    def take_devices(self, placement: DeviceMap) -> None:
         self.version += 1
         for node, devs in placement.items():
             if node in self.free.free:  # devices on unschedulable nodes are not tracked
                 self.free.take(node, devs)
                 self.nfree[self.index[node]] -= len(devs)
 
-    def _set_placement(self, job: RJob, new: Placement) -> None:
+    def _set_placement(self, job: RJob, new: DeviceMap) -> None:
         old = job.placement
-        release: Placement = {}
-        acquire: Placement = {}
+        release: DeviceMap = {}
+        acquire: DeviceMap = {}
         # in the placements' order: iterating a set of names would follow the string hash,
         # which changes from one process to the next, and with it the free-device buckets'
         # order, best fit's choices and a simulation's figures
@@ -314,7 +314,7 @@ class RoundState:
 
     # ------------------------------------------------------------------ actions
 
-    def place(self, job: RJob, placement: Placement, reason: str) -> None:
+    def place(self, job: RJob, placement: DeviceMap, reason: str) -> None:
         self._set_placement(job, placement)
         job.touched = True
         self.actions.append(Place(job.id, placement, reason=reason))
@@ -327,13 +327,13 @@ class RoundState:
         self.waiting.append(job)
         self.actions.append(Preempt(job.id, reason=reason))
 
-    def resize(self, job: RJob, placement: Placement, reason: str) -> None:
+    def resize(self, job: RJob, placement: DeviceMap, reason: str) -> None:
         self._untrack(job)
         self._set_placement(job, placement)
         job.touched = True
         self.actions.append(Resize(job.id, placement, reason=reason))
 
-    def migrate(self, job: RJob, placement: Placement, reason: str) -> None:
+    def migrate(self, job: RJob, placement: DeviceMap, reason: str) -> None:
         self._untrack(job)
         self._set_placement(job, placement)
         job.touched = True

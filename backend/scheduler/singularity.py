@@ -32,7 +32,7 @@ import numpy as np
 from singularity_sdk.protocol import JobState
 
 from .defrag import defragment
-from .placement import Placement, divisors, fmt_placement
+from .placement import DeviceMap, divisors, fmt_placement
 from .reclaim import reclaim
 from .round_state import (
     PREEMPT_BASIC,
@@ -267,7 +267,7 @@ class _Tier:
             self.fail_free = st.free.total
         return False
 
-    def _attempt(self, job: RJob, p: int) -> Optional[tuple[Placement, str]]:
+    def _attempt(self, job: RJob, p: int) -> Optional[tuple[DeviceMap, str]]:
         st = self.state
         placement = st.free.pick(p, only=job.view.nodes)
         if placement is not None:
@@ -287,7 +287,7 @@ class _Tier:
         return None
 
 
-def _place_reason(job: RJob, placement: Placement, p: int, how: str, st: RoundState) -> str:
+def _place_reason(job: RJob, placement: DeviceMap, p: int, how: str, st: RoundState) -> str:
     if job.displaced:
         return (
             f"resumed on {fmt_placement(placement)}, {p} of {job.gpus} devices, right after being displaced:"
@@ -323,7 +323,7 @@ def _grow(state: RoundState, rank: int) -> None:
         prefer = [n for n, _ in sorted(old.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
         age = max(0.0, state.now - j.submitted_at)
         state.give_devices(old)
-        chosen: Optional[tuple[int, Placement]] = None
+        chosen: Optional[tuple[int, DeviceMap]] = None
         for p in divisors(j.gpus):
             if p <= j.held:
                 break
