@@ -1,160 +1,33 @@
-"""Warm worker processes: fork them from a process that has already imported torch.
+"""Warm worker processes: the agent's asyncio client of the fork server (`backend.forkserver`).
 
-A fresh worker pays for its interpreter and for ``import torch`` (0.8 s here), and a
-data-parallel rank also for what DDP's constructor imports lazily (``torch._dynamo``, another
-0.8 s): on a resize or a restore that is most of the time a job stands still. The agent keeps
-one *zygote* process per node that imported all of it once; a worker is a ``fork()`` of it
-(tens of milliseconds), in its own session, with the pipes and environment a fresh one would
-have had. The zygote never runs user code, starts no threads and initialises no device, so a
-fork of it is as clean as a fresh interpreter; RNGs that seed themselves from the OS at import
-are seeded again in each child.
-
-Wire format (a Unix socket pair): the agent sends one JSON line per request with its four
-descriptors (stdin, stdout, stderr, control) attached (SCM_RIGHTS); the zygote answers
-``{"id", "pid"}`` once forked and ``{"id", "rc"}`` when the child exits (``rc`` as
-``Popen.returncode``: negative for a signal).
+A fresh worker pays for its interpreter and for ``import torch`` and DDP's lazy imports (1-2 s):
+on a resize or a restore that is most of the time a job stands still. The agent keeps one fork
+server (*zygote*) per node, started for the target ``backend.worker.main``, that imported all
+of it once; a worker is a ``fork()`` of it (tens of milliseconds), in its own session, with the
+pipes, working directory, environment and umask a fresh ``python -m backend.worker`` would
+have had (`backend.forkserver` owns the server, the wire format and the child's setup).
+Until the zygote is ready, or if it dies, `Spawner.spawn` returns None and the agent starts a
+fresh interpreter.
 """
 from __future__ import annotations
 
-import array
 import asyncio
 import json
 import logging
 import os
 import signal
 import socket
-import sys
-from typing import Any, Optional
+from typing import Optional
 
-from backend.contract import ENV_CONTROL_FD
+from backend import forkserver
 
 from .sandbox import JOB_UMASK_ENV
 
 log = logging.getLogger("singularity.agent")
 
-#: what a worker may need, imported once by the zygote (missing ones are skipped)
-PRELOAD = ("backend.worker.main", "backend.proxy", "backend.proxy.distributed.collectives", "backend.proxy.distributed.cut",
-           "cloudpickle", "numpy", "torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
-FDS_PER_REQUEST = 4
-CONTROL_FD = 3  # where the child finds its control pipe (SINGULARITY_CONTROL_FD)
+#: what the zygote forks
+TARGET = "backend.worker.main"
 
-
-# ---------------------------------------------------------------------------- the zygote side
-def _recv(sock: socket.socket) -> tuple[Optional[dict[str, Any]], list[int]]:
-    fds = array.array("i")
-    msg, ancdata, _flags, _addr = sock.recvmsg(1 << 20, socket.CMSG_SPACE(FDS_PER_REQUEST * fds.itemsize))
-    if not msg:
-        return None, []
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
-    return json.loads(msg), list(fds)
-
-
-def _child(request: dict[str, Any], fds: list[int], sock_fd: int) -> None:
-    """In the forked child: become the worker a fresh ``python -m backend.worker`` would be."""
-    rc = 1
-    try:
-        if sock_fd not in fds:
-            os.close(sock_fd)  # the user's code must not reach the zygote's socket
-        os.setsid()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        for target, fd in zip((0, 1, 2, CONTROL_FD), fds):
-            os.dup2(fd, target)
-        for fd in fds:
-            if fd > CONTROL_FD:
-                os.close(fd)
-        os.chdir(request["cwd"])
-        os.umask(int(request["env"].get(JOB_UMASK_ENV, "022"), 8))  # not the service's 077
-        os.environ.clear()
-        os.environ.update(request["env"])
-        os.environ[ENV_CONTROL_FD] = str(CONTROL_FD)
-        sys.stdin = open(0, "r", closefd=False)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)
-        _like_a_fresh_interpreter(request["cwd"], request["env"])
-        sys.argv = ["backend.worker", *request["argv"]]
-        from backend.worker.main import main
-
-        try:
-            rc = main(request["argv"])
-        except SystemExit as exc:
-            rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        import atexit
-
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(rc)
-
-
-def _like_a_fresh_interpreter(cwd: str, env: dict[str, str]) -> None:
-    """What the zygote fixed at import time and a fresh worker would have chosen itself."""
-    sys.path[0] = cwd  # ``python -m`` puts the working directory first
-    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-    sys.path[1:1] = extra
-    if "numpy.random" in sys.modules:  # seeded from the OS at import: every child would agree
-        sys.modules["numpy.random"].seed()
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        # OpenMP read the zygote's environment when torch loaded; intra-op thread counts change
-        # float results, so the worker's own count must apply.
-        threads = env.get("OMP_NUM_THREADS", "")
-        torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else os.cpu_count() or 1)
-
-
-def serve(fd: int) -> None:
-    """The zygote's loop: fork a child per request, report pids and exit codes."""
-    from backend.worker.main import die_with_parent
-
-    die_with_parent()  # the agent's death takes the zygote along, and its workers with it
-    for name in PRELOAD:
-        try:
-            __import__(name)
-        except ImportError:
-            pass
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        # A CUDA context does not survive fork(): children could not use their device.
-        print("spawner: CUDA was initialised while preloading; not forking workers", file=sys.stderr)
-        return
-    import select
-
-    from backend.proxy.launch import report_exits
-
-    sock = socket.socket(fileno=fd)
-
-    def say(msg: dict[str, Any]) -> None:
-        sock.sendall((json.dumps(msg) + "\n").encode())
-
-    running: dict[int, str] = {}
-    say({"ready": True})
-    while True:
-        ready, _, _ = select.select([sock], [], [], 0.02 if running else 1.0)
-        if ready:
-            request, fds = _recv(sock)
-            if request is None:
-                return  # the agent closed its end
-            pid = os.fork()
-            if pid == 0:
-                _child(request, fds, fd)
-            for f in fds:
-                os.close(f)
-            running[pid] = request["id"]
-            say({"id": request["id"], "pid": pid})
-        report_exits(running, say)
-
-
-# ---------------------------------------------------------------------------- the agent side
 class WarmProcess:
     """A forked worker, with the parts of ``asyncio.subprocess.Process`` the agent uses."""
 
@@ -188,16 +61,10 @@ class Spawner:
         self._listener: Optional[asyncio.Task] = None  # held so the reading task is not collected
 
     async def start(self) -> None:
-        # Datagram-like packets: one request and its descriptors per packet, never merged or split.
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        mine, theirs, command, env = forkserver.server_process([TARGET], with_parent=True)
         self._sock = mine
-        # The zygote computes nothing, and must not initialise CUDA (fork would break it in the
-        # children): torch's availability checks then ask NVML instead of the CUDA runtime.
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
         self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "backend.agent.spawner", str(theirs.fileno()),
-            pass_fds=(theirs.fileno(),), stdin=asyncio.subprocess.DEVNULL, env=env)
+            *command, pass_fds=(theirs.fileno(),), stdin=asyncio.subprocess.DEVNULL, env=env)
         theirs.close()
         mine.setblocking(False)
         self._listener = asyncio.create_task(self._read(mine))
@@ -216,6 +83,9 @@ class Spawner:
                 if msg.get("ready"):
                     self._ready = True
                 elif "pid" in msg:
+                    if msg["pid"] < 0:  # refused: no exit will be reported
+                        log.warning("the spawner refused a worker: %s", msg.get("error"))
+                        self._settle(self._exits, msg["id"], -signal.SIGKILL)
                     self._settle(self._pids, msg["id"], msg["pid"])
                 else:
                     self._settle(self._exits, msg["id"], msg["rc"])
@@ -249,10 +119,9 @@ class Spawner:
         rid = str(self._next)
         forked = self._pids[rid] = loop.create_future()
         exited = self._exits[rid] = loop.create_future()
-        payload = json.dumps({"id": rid, "argv": argv, "env": env, "cwd": cwd}).encode()
-        fds = array.array("i", [in_r, out_w, err_w, control_fd])
         try:
-            self._sock.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            forkserver.send_request(self._sock, rid, TARGET, argv, env, cwd, [in_r, out_w, err_w, control_fd],
+                                    umask=_umask(env))
         except OSError as exc:
             log.warning("could not hand a worker to the spawner (%s); starting a fresh process", exc)
             for fd in (in_w, out_r, err_r):
@@ -264,7 +133,7 @@ class Spawner:
             for fd in (in_r, out_w, err_w):  # the child has its copies
                 os.close(fd)
         pid = await forked
-        if pid < 0:  # the spawner died before forking it: start a fresh one instead
+        if pid < 0:  # the spawner died (or refused) before forking it: start a fresh one instead
             for fd in (in_w, out_r, err_r):
                 os.close(fd)
             return None
@@ -285,12 +154,17 @@ class Spawner:
             await self._proc.wait()
 
 
+def _umask(env: dict[str, str]) -> int:
+    """The job's umask (not the service's 077), as ``sandbox.job_umask`` reads it from ``env``."""
+    try:
+        return int(env.get(JOB_UMASK_ENV, "022"), 8)
+    except ValueError:
+        return 0o022
+
+
 async def _reader(fd: int, limit: int) -> asyncio.StreamReader:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=limit)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb"))
     return reader
 
-
-if __name__ == "__main__":
-    serve(int(sys.argv[1]))

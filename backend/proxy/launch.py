@@ -28,9 +28,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 from backend.contract import ENV_CPUS, ENV_PLACEMENT, ENV_THREADS, EXIT_PREEMPTED
+from backend.forkserver import ForkedProcess, ForkServer
 
 from .distributed.layout import RankLayout
 
@@ -73,176 +74,45 @@ class RankResult:
     stderr: str
 
 
-#: modules a warm rank process starts with: torch and what DDP's constructor imports lazily
-#: (torch._dynamo and its ~800 modules: 0.8 s per process, 2 s for 4 ranks on 2 cores)
-WARM_PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "backend.proxy.distributed.collectives")
+#: what a warm rank process is forked from (`backend.forkserver` preloads what it needs:
+#: torch and what DDP's constructor imports lazily, 0.8 s per process)
+WARM_TARGET = "backend.proxy.launch"
+_SHARED: list[ForkServer] = []
 
 
-def _forked_rank(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> None:
-    """Body of a warm rank process (forked from the preloaded server): a fresh main, then exit."""
-    os.environ.update(env)
-    for fd, path in ((1, stdout), (2, stderr)):
-        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(f, fd)
-        os.close(f)
-    sys.stdin = open(os.devnull)
-    rc = 1
-    try:
-        rc = main(argv)
-    except SystemExit as e:
-        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        atexit._run_exitfuncs()  # the child leaves with os._exit below, which would skip them
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(rc)
-
-
-def serve() -> None:
-    """The warm server: JSON requests on stdin, ``{"id", "pid"}`` then ``{"id", "rc"}`` on stdout."""
-    import select
-
-    for name in WARM_PRELOAD:
-        __import__(name)
-    running: dict[int, str] = {}
-    out = sys.stdout
-    while True:
-        ready, _, _ = select.select([sys.stdin], [], [], 0.02)
-        if ready:
-            line = sys.stdin.readline()
-            if not line:
-                return
-            req = json.loads(line)
-            pid = os.fork()
-            if pid == 0:
-                _forked_rank(req["argv"], req["env"], req["stdout"], req["stderr"])
-            running[pid] = req["id"]
-            out.write(json.dumps({"id": req["id"], "pid": pid}) + "\n")
-            out.flush()
-        report_exits(running, lambda msg: (out.write(json.dumps(msg) + "\n"), out.flush()))
-
-
-def report_exits(running: dict[int, str], say: Callable[[dict], object]) -> None:
-    """Reap the children of a fork server that have exited: ``say({"id", "rc"})`` for each
-    (``rc`` as ``Popen.returncode``: negative for a signal), without blocking."""
-    while running:
-        pid, status = os.waitpid(-1, os.WNOHANG)
-        if pid == 0:
-            return
-        rid = running.pop(pid, None)
-        if rid is not None:
-            say({"id": rid, "rc": os.waitstatus_to_exitcode(status)})
-
-
-class WarmServer:
-    """Client of `serve`: forks rank processes from an interpreter that already imported torch."""
-
-    def __init__(self) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-        self._proc = subprocess.Popen([sys.executable, "-m", "backend.proxy.launch", "--serve"], cwd=str(ROOT),
-                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-        self._cond = threading.Condition()
-        self._pids: dict[str, int] = {}
-        self._rcs: dict[str, int] = {}
-        self._n = 0
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            msg = json.loads(line)
-            with self._cond:
-                if "pid" in msg:
-                    self._pids[msg["id"]] = msg["pid"]
-                else:
-                    self._rcs[msg["id"]] = msg["rc"]
-                self._cond.notify_all()
-
-    def start(self, argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> str:
-        with self._cond:
-            self._n += 1
-            rid = str(self._n)
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(json.dumps({"id": rid, "argv": argv, "env": env, "stdout": stdout,
-                                                 "stderr": stderr}) + "\n")
-        self._proc.stdin.flush()
-        with self._cond:
-            self._cond.wait_for(lambda: rid in self._pids)
-        return rid
-
-    def poll(self, rid: str) -> Optional[int]:
-        with self._cond:
-            return self._rcs.get(rid)
-
-    def kill(self, rid: str) -> None:
-        import signal
-
-        with self._cond:
-            if rid in self._rcs:
-                return
-            pid = self._pids[rid]
-        os.kill(pid, signal.SIGKILL)
-
-    def wait(self, rid: str) -> int:
-        with self._cond:
-            self._cond.wait_for(lambda: rid in self._rcs)
-            return self._rcs[rid]
-
-    def close(self) -> None:
-        if self._proc.stdin is not None:
-            self._proc.stdin.close()
-        self._proc.wait(timeout=30)
-
-
-_SHARED: list[WarmServer] = []
-
-
-def shared_warm_server() -> WarmServer:
+def shared_warm_server() -> ForkServer:
     """One warm server per process (tests and benchmarks share it), closed at exit."""
     if not _SHARED:
-        _SHARED.append(WarmServer())
+        _SHARED.append(ForkServer([WARM_TARGET]))
         atexit.register(_SHARED[0].close)
     return _SHARED[0]
 
 
 class _Proc:
-    """Common face of a subprocess and a rank forked by a `WarmServer`."""
+    """A rank: a subprocess (output in pipes) or a child of a `ForkServer` (output in files)."""
 
-    def __init__(self, popen: Optional[subprocess.Popen] = None, server: Optional[WarmServer] = None,
-                 rid: str = "", files: tuple[str, str] = ("", "")) -> None:
-        self.popen, self.server, self.rid, self.files = popen, server, rid, files
+    def __init__(self, proc: Union[subprocess.Popen, ForkedProcess], files: Optional[tuple[str, str]] = None) -> None:
+        self.proc, self.files = proc, files
 
     def poll(self) -> Optional[int]:
-        if self.popen is not None:
-            return self.popen.poll()
-        assert self.server is not None
-        return self.server.poll(self.rid)
+        return self.proc.poll()
 
     def kill(self) -> None:
-        if self.popen is not None:
-            self.popen.kill()
-        elif self.server is not None:
-            self.server.kill(self.rid)
+        self.proc.kill()
 
     def collect(self) -> tuple[int, str, str]:
-        if self.popen is not None:
-            out, err = self.popen.communicate()
-            return self.popen.returncode, out, err
-        assert self.server is not None
-        rc = self.server.wait(self.rid)
+        if self.files is None:
+            assert isinstance(self.proc, subprocess.Popen)
+            out, err = self.proc.communicate()
+            return self.proc.returncode, out, err
+        rc = self.proc.wait()
         texts = [Path(f).read_text(errors="replace") if Path(f).exists() else "" for f in self.files]
         return rc, texts[0], texts[1]
 
 
 def launch(script: Path, placement: RankLayout, args: Sequence[str] = (), env: Optional[dict[str, str]] = None,
            timeout: float = 120.0, threads: int = 1, reduction: Optional[str] = None,
-           warm: Optional[WarmServer] = None, launcher_args: Sequence[str] = (),
+           warm: Optional[ForkServer] = None, launcher_args: Sequence[str] = (),
            cpus_per_slot: Optional[int] = None, python: str = sys.executable) -> list[RankResult]:
     """Run ``script`` as W rank processes; if one fails the others are stopped after a grace period.
 
@@ -259,17 +129,16 @@ def launch(script: Path, placement: RankLayout, args: Sequence[str] = (), env: O
     tmp = tempfile.TemporaryDirectory(prefix="sg-ranks-")
     cores = slot_cpus(placement, cpus_per_slot) if cpus_per_slot else None
     for rank in range(placement.world_size):
-        penv = dict(extra)
-        penv.update(rank_env(rank, placement, port, threads=threads,
+        full = dict(os.environ)
+        full["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), full.get("PYTHONPATH", "")) if p)
+        full.update(extra)
+        full.update(rank_env(rank, placement, port, threads=threads,
                              cpus=cores[placement.slot_of(rank)] if cores else None))
         if warm is not None:
             files = (f"{tmp.name}/{rank}.out", f"{tmp.name}/{rank}.err")
-            procs.append(_Proc(server=warm, rid=warm.start(argv, penv, *files), files=files))
+            procs.append(_Proc(warm.start(WARM_TARGET, argv, full, str(ROOT), *files), files))
         else:
-            full = dict(os.environ)
-            full["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), full.get("PYTHONPATH", "")) if p)
-            full.update(penv)
-            procs.append(_Proc(popen=subprocess.Popen(
+            procs.append(_Proc(subprocess.Popen(
                 [python, "-m", "backend.proxy.launch", *argv], env=full, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True, cwd=str(ROOT))))
     deadline = time.monotonic() + timeout
@@ -373,13 +242,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--reduction", choices=("exact", "plain"))
     parser.add_argument("--checkpoint-dir", type=Path, help="run under the resumable engine, checkpointing here")
     parser.add_argument("--restore", action="store_true", help="with --checkpoint-dir: resume the newest checkpoint")
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("script", nargs="?")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
-    if ns.serve:
-        serve()
-        return 0
     if ns.script is None:
         parser.error("SCRIPT is required")
     pin_to_slot()

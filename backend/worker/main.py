@@ -8,7 +8,6 @@ agent go to the control pipe.
 from __future__ import annotations
 
 import builtins
-import ctypes
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ from typing import Any, Callable, Optional
 
 from backend import contract
 from backend.contract import EXIT_PREEMPTED, WorkerSpec
+from backend.forkserver import die_with_parent
 
 from . import output_marks
 from .workdir import enter as enter_workdir
@@ -46,17 +46,6 @@ class ControlChannel:
                 self._out.write(line + "\n")
             except (BrokenPipeError, OSError):
                 pass
-
-
-def die_with_parent() -> None:
-    """If the agent dies, its workers must not run on unsupervised (Linux only)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        return
-    if os.getppid() == 1 and not os.environ.get(contract.ENV_SANDBOXED):  # in a sandbox, pid 1 is its init
-        os._exit(1)
 
 
 def format_user_traceback(exc: BaseException, filename: str) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from backend.agent.spawner import Spawner
+from backend.forkserver import ForkServer
 
 PROBE = r'''
 import json, os, sys, numpy, torch
@@ -22,7 +23,7 @@ for f in os.listdir("/proc/self/fd"):
         pass
 print(json.dumps({"cwd": os.getcwd(), "path0": sys.path[0], "env": os.environ.get("PROBE"),
                   "sid": os.getsid(0) == os.getpid(), "threads": torch.get_num_threads(),
-                  "np": numpy.random.rand(), "fds": fds}), flush=True)
+                  "np": numpy.random.rand(), "fds": fds, "umask": os.umask(0o022)}), flush=True)
 if os.environ.get("PROBE") == "die":
     os.kill(os.getpid(), 9)
 '''
@@ -52,13 +53,29 @@ def test_forked_workers_look_fresh_and_report_exit_codes(tmp_path):
                 break
             await asyncio.sleep(0.05)
         assert spawner.ready, "the zygote did not come up"
-        (a, rc_a), (b, rc_b) = [await _run(spawner, tmp_path, n, {"PROBE": n}) for n in ("a", "b")]
+        (a, rc_a), (b, rc_b) = [await _run(spawner, tmp_path, n, {"PROBE": n, **umask})
+                                      for n, umask in (("a", {}), ("b", {"SINGULARITY_JOB_UMASK": "027"}))]
         dead, rc_dead = await _run(spawner, tmp_path, "die", {"PROBE": "die"})
         await spawner.close()
         assert (rc_a, rc_b, rc_dead) == (0, 0, -signal.SIGKILL)
         assert a["cwd"] == a["path0"] == str(tmp_path / "a") and a["env"] == "a"
         assert a["sid"] and a["threads"] == 2
+        assert (a["umask"], b["umask"]) == (0o022, 0o027), "the job's umask, not the service's"
         assert a["np"] != b["np"], "numpy's global RNG must be seeded again in each child"
         assert not [f for f in a["fds"] if f.startswith("socket:")], f"the zygote's socket leaked: {a['fds']}"
 
     asyncio.run(main())
+
+
+def test_the_sync_client_runs_registered_targets_only(tmp_path):
+    """The launcher's and the tests' client of the same server: a target from the registry runs
+    as ``python -m`` would (rc as Popen's), anything else is refused before any fork."""
+    server = ForkServer([])  # preloads nothing: this checks the protocol, not the warmth
+    try:
+        out, err = tmp_path / "out", tmp_path / "err"
+        child = server.start("backend.proxy.launch", ["--help"], dict(os.environ), str(tmp_path), str(out), str(err))
+        assert child.wait(60) == 0 and "usage" in out.read_text(), err.read_text()
+        with pytest.raises(RuntimeError):
+            server.start("os", ["-c", "print(1)"], dict(os.environ), str(tmp_path), str(out), str(err))
+    finally:
+        server.close()
