@@ -61,18 +61,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     import cloudpickle
 
-    from . import CheckpointError, CheckpointStore, Controller, Preempted, ResumableProgram
+    from . import CheckpointError, CheckpointStore, Preempted, ResumableProgram
     from .engine.lazy import when_imported
+    from .rank import RankRun, main_namespace, run_rank
 
     # when (and only if) the script imports torch: a torch-free script never loads it
     when_imported("torch", lambda torch: _fix_threads(torch, args.threads))
 
     script = Path(args.script).resolve()
-    module = types.ModuleType("__main__")
-    module.__file__ = str(script)
-    namespace = module.__dict__
-    namespace["__builtins__"] = __builtins__
-    sys.modules["__main__"] = module
+    namespace = main_namespace(str(script))
     sys.argv = [str(script)] + list(args.script_args)
     sys.path.insert(0, str(script.parent))
     try:
@@ -86,30 +83,32 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
 
     store = CheckpointStore(args.checkpoint_dir, keep=args.keep)
-    controller = Controller(store, checkpoint_every=args.checkpoint_every, on_event=say)
-    controller.write_behind = not args.write_in_line
-    restore = None
-    if args.restore:
-        restore = store.latest()
-        if restore is None:
-            say("restore", {"checkpoint": None, "note": "no valid checkpoint; starting from the beginning"})
-        else:
-            say("restore", {"checkpoint": str(restore.path), "step": restore.step})
-    if args.stop_at_step is not None:
-        controller.checkpoint_at_step(args.stop_at_step, "stop")
-    if args.stop_after_seconds is not None:
-        timer = threading.Timer(args.stop_after_seconds, controller.request_checkpoint,
-                                kwargs={"then": "stop", "reason": "--stop-after-seconds"})
-        timer.daemon = True
-        timer.start()
+    run = RankRun(store, restore=args.restore, checkpoint_every=args.checkpoint_every, on_event=say)
     trace_file = open(args.trace, "a") if args.trace else None
-    if trace_file is not None:
-        def trace(step: int, position: dict) -> None:
-            trace_file.write(json.dumps({"step": step, **position}) + "\n")
 
-        controller.trace_safe_points(trace)
+    def before(run: RankRun) -> None:
+        controller = run.controller
+        assert controller is not None
+        controller.write_behind = not args.write_in_line
+        if args.restore:
+            ref = run.restored
+            say("restore", {"checkpoint": None, "note": "no valid checkpoint; starting from the beginning"}
+                if ref is None else {"checkpoint": str(ref.path), "step": ref.step})
+        if args.stop_at_step is not None:
+            controller.checkpoint_at_step(args.stop_at_step, "stop")
+        if args.stop_after_seconds is not None:
+            timer = threading.Timer(args.stop_after_seconds, controller.request_checkpoint,
+                                    kwargs={"then": "stop", "reason": "--stop-after-seconds"})
+            timer.daemon = True
+            timer.start()
+        if trace_file is not None:
+            def trace(step: int, position: dict) -> None:
+                trace_file.write(json.dumps({"step": step, **position}) + "\n")
+
+            controller.trace_safe_points(trace)
+
     try:
-        result = program.run(namespace, controller, restore=restore)
+        result = run_rank(program, namespace, run, before)
     except Preempted as p:
         say("stopped", {"step": p.checkpoint.step, "path": str(p.checkpoint.path)})
         return EXIT_PREEMPTED
@@ -130,7 +129,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.stdout.flush()
     if args.print_result and result is not None:
         print(repr(result), flush=True)
-    say("finished", {"step": controller.last_step})
+    say("finished", {"step": run.controller.last_step if run.controller else 0})
     if not args.keep_checkpoints:
         store.clear()
     return 0

@@ -8,7 +8,7 @@ after fixing torch's thread counts (intra-op thread counts change float results,
 the same count wherever it runs).  With ``--checkpoint-dir`` the script runs under the
 resumable engine with a `DistributedController`: checkpoints are agreed by all ranks, exit code
 75 means "stopped after a consistent checkpoint", and ``--restore`` creates the process group
-before loading the newest checkpoint.  This is the sequence the worker is to follow.
+before loading the newest checkpoint (`rank.run_rank`, which the service's worker runs too).
 
 `launch()` starts W such processes with torchrun's environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) plus
@@ -167,46 +167,35 @@ def say(kind: str, data: Any) -> None:
 
 def _run_engine(script: str, checkpoint_dir: Path, restore: bool) -> int:
     """Run the script as a resumable program whose checkpoints are agreed by all ranks."""
-    import types
-
-    from . import CheckpointError, CheckpointStore, Controller, Preempted, ResumableProgram
-    from .distributed.collectives import restore_process_group
-    from .distributed.cut import DistributedController
+    from . import CheckpointError, CheckpointStore, Preempted, ResumableProgram
+    from .rank import RankRun, main_namespace, run_rank
 
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    module = types.ModuleType("__main__")
-    module.__file__ = script
-    namespace = module.__dict__
-    namespace["__builtins__"] = __builtins__
-    sys.modules["__main__"] = module
+    namespace = main_namespace(script)
     program = ResumableProgram.from_source(Path(script).read_text(), script)
-    store = CheckpointStore(checkpoint_dir)
-    controller = (DistributedController(store, rank, world, on_event=say) if world > 1
-                  else Controller(store, on_event=say))
-    ref = store.latest() if restore else None
-    if ref is not None:
-        if ref.world_size != world:
-            print(f"[proxy] checkpoint {ref.path} has {ref.world_size} ranks, this job has {world}", file=sys.stderr)
-            return 2
-        restore_process_group()  # the namespace's DDP modules attach to it as they load
-        say("restore", {"checkpoint": str(ref.path), "step": ref.step})
-    hook = os.environ.get(TEST_REQUEST_ENV, "")
-    if hook:
-        who, delay, then = hook.split(":")
-        if int(who) == rank:
-            timer = threading.Timer(float(delay), controller.request_checkpoint, kwargs={"then": then,
-                                                                                        "reason": "test"})
-            timer.daemon = True
-            timer.start()
+    run = RankRun(CheckpointStore(checkpoint_dir), rank, world, restore=restore, on_event=say)
+
+    def before(run: RankRun) -> None:
+        if run.restored is not None:
+            say("restore", {"checkpoint": str(run.restored.path), "step": run.restored.step})
+        hook = os.environ.get(TEST_REQUEST_ENV, "")
+        if hook:
+            who, delay, then = hook.split(":")
+            if int(who) == rank:
+                timer = threading.Timer(float(delay), run.controller.request_checkpoint,  # type: ignore[union-attr]
+                                        kwargs={"then": then, "reason": "test"})
+                timer.daemon = True
+                timer.start()
+
     try:
-        program.run(namespace, controller, restore=ref)
+        run_rank(program, namespace, run, before)
     except Preempted as p:
         say("stopped", {"step": p.checkpoint.step, "path": str(p.checkpoint.path)})
         return EXIT_PREEMPTED
     except CheckpointError as e:
         print(f"[proxy] restore failed: {e}", file=sys.stderr)
         return 2
-    say("finished", {"step": controller.last_step})
+    say("finished", {"step": run.controller.last_step if run.controller else 0})
     return 0
 
 

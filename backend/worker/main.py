@@ -194,8 +194,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     spec = WorkerSpec.read(Path(argv[0]))
     out_dir = Path(argv[1]).resolve()  # the job may chdir: every path of ours is absolute
     die_with_parent()
-    from backend.proxy import CheckpointStore, Controller, Preempted
+    from backend.proxy import CheckpointStore, Preempted
     from backend.proxy.launch import pin_to_slot
+    from backend.proxy.rank import RankCountMismatch, RankRun, run_rank
 
     pin_to_slot()  # a CPU slot's cores, as the agent chose them
 
@@ -222,38 +223,32 @@ def main(argv: Optional[list[str]] = None) -> int:
             data = {**data, "fingerprint": {k: fp.get(k) for k in (*fingerprint.COMPARED, "engine")}}
         channel.send(type, data)
 
-    if world > 1:
-        controller, reporter = distributed_controller(store, rank, world, spec.checkpoint_every, on_event)
-    else:
-        controller, reporter = Controller(store, rank=rank, world_size=world,
-                                          checkpoint_every=spec.checkpoint_every, on_event=on_event), None
+    events, reporter = distributed_events(rank, on_event) if world > 1 else (on_event, None)
+    run = RankRun(store, rank, world, restore=spec.restore, checkpoint_every=spec.checkpoint_every, on_event=events)
     namespace = fresh_namespace(filename)
-    try:
-        program = load_program(spec, filename)
-        restore = store.latest() if spec.restore else None
-        if spec.restore and restore is None:
-            sys.stderr.write(f"singularity: no usable checkpoint under {store.root}; starting from the beginning\n")
-        if restore is not None and restore.world_size != world:
-            sys.stderr.write(f"singularity: checkpoint {restore.path} has {restore.world_size} ranks, this job has "
-                             f"{world}; a job keeps its number of ranks for life\n")
-            return 2
-        if restore is None:
+
+    def before(run: RankRun) -> None:
+        if run.restored is None:
+            if spec.restore:
+                sys.stderr.write(f"singularity: no usable checkpoint under {store.root}; starting from the beginning\n")
             if world > 1 and rank == 0:
                 store.discard_staging(-1)  # a crashed attempt's parts must not join a new checkpoint
             load_inputs(spec.inputs_b64, namespace)
+            if rank == 0:  # before the first preemption, say whether one can succeed
+                from backend.proxy.engine.interruptible import report
+
+                on_event("interruptible", report(program))
         else:
-            restore_path.append(str(restore.path))  # "resumed" is reported once it is in place
-            if world > 1:
-                from backend.proxy.distributed.collectives import restore_process_group
+            restore_path.append(str(run.restored.path))  # "resumed" is reported once it is in place
+        listen_for_requests(run.controller)
+        stop_on_sigterm(run.controller)
 
-                restore_process_group()  # the namespace's DDP modules attach to it as they load
-        if rank == 0 and restore is None:  # before the first preemption, say whether one can succeed
-            from backend.proxy.engine.interruptible import report
-
-            on_event("interruptible", report(program))
-        listen_for_requests(controller)
-        stop_on_sigterm(controller)
-        value = program.run(namespace, controller, restore)
+    try:
+        program = load_program(spec, filename)
+        value = run_rank(program, namespace, run, before)
+    except RankCountMismatch as exc:
+        sys.stderr.write(f"singularity: {exc}\n")
+        return 2
     except Preempted:
         # The checkpoint is committed and fsynced; tearing down the interpreter (torch's
         # finalizers) would only delay freeing the device.
@@ -292,13 +287,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
-def distributed_controller(store, rank: int, world: int, checkpoint_every: Optional[float],
-                           on_event: Callable[[str, dict[str, Any]], None]):
-    """One rank of W: the proxy's collective backend, and checkpoints agreed by all ranks.
+def distributed_events(rank: int, on_event: Callable[[str, dict[str, Any]], None]):
+    """One rank of W: the proxy's collective backend in place, and where this rank's events go.
 
     Every rank writes its part of each checkpoint, but the job has one event stream: rank 0
     speaks for the job, and reports a checkpoint only once the last rank has committed it."""
-    from backend.proxy.distributed.cut import DistributedController
     from backend.proxy.launch import prepare_rank
 
     prepare_rank()
@@ -310,7 +303,7 @@ def distributed_controller(store, rank: int, world: int, checkpoint_every: Optio
         elif reporter is not None:
             reporter(type, data)
 
-    return DistributedController(store, rank, world, checkpoint_every=checkpoint_every, on_event=forward), reporter
+    return forward, reporter
 
 
 class CommitReporter:
