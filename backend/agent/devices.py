@@ -5,62 +5,59 @@ normal for development and CI, not an error.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 from singularity_sdk.protocol import DeviceInfo
 
 
-def discover_gpus() -> list[DeviceInfo]:
-    """GPUs visible through NVML, in NVML index order; empty when NVML is unavailable."""
+@contextlib.contextmanager
+def _nvml() -> Iterator[Any]:
+    """pynvml, initialised for the block; None when NVML is unavailable (no GPU, no driver)."""
     try:
         import pynvml
-    except ImportError:
-        return []
-    try:
+
         pynvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ... all mean "no GPU here"
-        return []
+    except Exception:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded: "no GPU here"
+        yield None
+        return
     try:
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            uuid = pynvml.nvmlDeviceGetUUID(h)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
-            out.append(DeviceInfo(index=i, kind="cuda", name=_text(name), uuid=_text(uuid), memory_bytes=int(mem)))
-        return out
+        yield pynvml
     finally:
         try:
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def discover_gpus() -> list[DeviceInfo]:
+    """GPUs visible through NVML, in NVML index order; empty when NVML is unavailable."""
+    with _nvml() as nvml:
+        if nvml is None:
+            return []
+        out = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            out.append(DeviceInfo(index=i, kind="cuda", name=_text(nvml.nvmlDeviceGetName(h)),
+                                  uuid=_text(nvml.nvmlDeviceGetUUID(h)),
+                                  memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(h).total)))
+        return out
 
 
 @functools.lru_cache(maxsize=1)
 def gpu_minor_numbers() -> Optional[dict[str, int]]:
     """GPU uuid -> its minor number (the N of ``/dev/nvidiaN``), for the sandbox's device files;
     None when NVML cannot say (no GPU, no driver)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        out = {}
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            out[_text(pynvml.nvmlDeviceGetUUID(h))] = int(pynvml.nvmlDeviceGetMinorNumber(h))
-        return out
-    except Exception:
-        return None
-    finally:
+    with _nvml() as nvml:
+        if nvml is None:
+            return None
         try:
-            pynvml.nvmlShutdown()
+            return {_text(nvml.nvmlDeviceGetUUID(h)): int(nvml.nvmlDeviceGetMinorNumber(h))
+                    for h in (nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount()))}
         except Exception:
-            pass
+            return None
 
 
 def cpu_slots(count: int) -> list[DeviceInfo]:

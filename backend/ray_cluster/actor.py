@@ -7,7 +7,6 @@ theirs, every worker go too: no process of a lost attempt survives its node.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -19,11 +18,8 @@ from typing import Optional
 from backend.agent.credential import CREDENTIAL_FILE
 from backend.agent.credential import TOKEN_ENV as AGENT_TOKEN_ENV
 from backend.agent.credential import save as save_credential
+from backend.forkserver import die_with_parent
 from singularity_sdk.config import default_home
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class NodeAgent:
@@ -62,7 +58,7 @@ class NodeAgent:
         env = {k: v for k, v in os.environ.items() if not k.startswith(AGENT_TOKEN_ENV)}
         log = open(home / "agent.log", "ab")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=str(home), preexec_fn=_die_with_parent)
+                                     cwd=str(home), preexec_fn=die_with_parent)
         log.close()
         return self.proc.pid
 
