@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Callable, Optional
 
 AddCommand = Callable[..., argparse.ArgumentParser]
@@ -17,6 +18,7 @@ Passthrough = Callable[[list[str]], int]
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from backend.server.main import run
+    from backend.server.run_as import RunAsTableError
     from backend.server.store import StoreTooNew
     from singularity_sdk.errors import SingularityError
 
@@ -24,8 +26,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         run(args.home, args.host, args.port, args.nodes, args.devices_per_node, args.store, args.checkpoint_every,
             args.node_timeout, args.policy, args.min_move_interval, args.move_cost,
             checkpoint_timeout=args.checkpoint_timeout, tls_cert=args.tls_cert, tls_key=args.tls_key, ca=args.ca,
-            ray_address=args.ray, stop_timeout=args.stop_timeout)
-    except StoreTooNew as exc:
+            ray_address=args.ray, stop_timeout=args.stop_timeout, run_as=args.run_as)
+    except (StoreTooNew, RunAsTableError) as exc:
         raise SingularityError(str(exc)) from None
     return 0
 
@@ -84,6 +86,9 @@ def register(add: AddCommand) -> dict[str, Passthrough]:
     s.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="run one node agent per Ray node with GPUs ('auto', or HOST:PORT as for ray.init); "
                         "needs the ray extra: pip install 'singularity-notebooks[ray]'")
+    s.add_argument("--run-as", default=None, type=Path, metavar="TABLE",
+                   help="run each user's jobs as their own OS account: a file of 'USER ACCOUNT' lines (agents "
+                        "run as root, jobs in the sandbox; docs/security.md)")
     s.set_defaults(fn=cmd_serve)
 
     add("agent", help="run a node agent (see 'singularityctl agent --help')", add_help=False)

@@ -67,7 +67,7 @@ class LocalCluster:
                  min_move_interval: Optional[float] = None, move_cost: Optional[float] = None,
                  checkpoint_timeout: Optional[float] = None, tls_cert: Optional[Path] = None,
                  tls_key: Optional[Path] = None, ray: Optional[str] = None, sandbox: Optional[str] = None,
-                 stop_timeout: Optional[float] = None):
+                 stop_timeout: Optional[float] = None, run_as: Optional[Path] = None):
         #: with ``ray`` (an address as for ``ray.init``), agents run on the Ray cluster's GPU
         #: nodes instead of locally, and ``nodes`` is how many of them to wait for
         self.ray = ray
@@ -97,6 +97,8 @@ class LocalCluster:
             self.extra_args += ["--move-cost", str(move_cost)]
         if checkpoint_timeout is not None:
             self.extra_args += ["--checkpoint-timeout", str(checkpoint_timeout)]
+        if run_as is not None:  # each user's jobs as their OS account (serve --run-as)
+            self.extra_args += ["--run-as", str(run_as)]
         if tls_cert is not None and tls_key is not None:
             self.extra_args += ["--tls-cert", str(tls_cert), "--tls-key", str(tls_key)]
         if ray is not None:

@@ -392,6 +392,8 @@ class StartJob(Strict):
     checkpoint_every: Optional[float] = None
     layout: Optional[str] = Field(None, description="jobs of several ranks: the logical ranks of each device "
                                                     "slot, in physical order, e.g. '0,1|2,3' (two ranks per device)")
+    run_as: Optional[str] = Field(None, description="the OS account the job's workers run as (serve --run-as); "
+                                                    "None: the agent's own")
 
 
 class StopJob(Strict):

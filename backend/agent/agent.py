@@ -46,7 +46,7 @@ from backend.proxy.checkpoint.fingerprint import node as node_fingerprint
 from singularity_sdk import tls
 from singularity_sdk.config import default_home
 
-from . import sandbox
+from . import accounts, sandbox
 from .credential import obtain as obtain_credential
 from .outbox import Outbox
 from .spawner import Spawner
@@ -277,6 +277,9 @@ class Agent:
         if self.sandbox_refusal is not None:
             self._refuse_start(spec.model_dump(), self.sandbox_refusal)
             return
+        if spec.run_as is not None and (why := accounts.refusal(spec.run_as, self.bwrap is not None)):
+            self._refuse_start(spec.model_dump(), why)
+            return
         old = self.runs.get(spec.job_id)
         if old is not None:
             if old.spec.attempt == spec.attempt:
@@ -285,7 +288,8 @@ class Agent:
         run_dir = self.home / "jobs" / f"{spec.job_id}-a{spec.attempt}"
         run = JobRun(spec, run_dir, self.devices, self.threads_per_slot, self.checkpoint_root, emit=None,  # type: ignore[arg-type]
                      on_checkpoint=self._store_checkpoint if self.transfer else None, spawner=self.spawner,
-                     bwrap=self.bwrap, hidden=self.hidden)
+                     bwrap=self.bwrap, hidden=self.hidden,
+                     account=accounts.lookup(spec.run_as) if spec.run_as is not None else None)
         run.emit = self.emit_for(run)
         self.runs[spec.job_id] = run
         try:

@@ -11,7 +11,8 @@ parts that are easy to get wrong (mount propagation, a reaping pid 1, dying with
 - the service's home, the agent's home and the checkpoint root are covered by empty tmpfs
   mounts, and only this attempt's own folders are mounted back (its run folder, its checkpoint
   folder, its synced copy); the folder it was submitted from stays where it is;
-- its own ``/dev/shm`` (DataLoader workers share tensors through it, other jobs do not see it);
+- its own ``/dev/shm``, mode 1777 as on a host (DataLoader workers share tensors through it,
+  other jobs do not see it);
 - of the GPUs' device files (``/dev/nvidiaN``) only its own: the others are covered by a
   read-only bind of ``/dev/null`` (bwrap mounts it ``nodev``, so opening one fails with
   EACCES), so a job cannot reach another job's GPU even by resetting ``CUDA_VISIBLE_DEVICES``;
@@ -36,6 +37,8 @@ from typing import Collection, Iterable, Optional
 
 from singularity_sdk.config import SANDBOX_ENV, TOKEN_ENV
 
+from . import accounts
+from .accounts import Account
 from .credential import JOIN_ENV
 from .credential import TOKEN_ENV as AGENT_TOKEN_ENV
 
@@ -102,20 +105,37 @@ def gpu_files_to_mask(own: Optional[Collection[int]], dev: Path = Path("/dev")) 
 
 
 def command(bwrap: str, argv: list[str], hidden: Iterable[Path], visible: Iterable[Path],
-            info_fd: int, masked: Iterable[Path] = ()) -> list[str]:
+            info_fd: int, masked: Iterable[Path] = (), account: Optional[Account] = None) -> list[str]:
     """``argv`` wrapped in bwrap: ``hidden`` folders covered, ``visible`` ones (inside them)
     mounted back, ``masked`` device files made unopenable; the sandbox's pid is written to
     ``info_fd`` as JSON ``{"child-pid": N}``, and it leads its own process group (signal that
-    one, not bwrap's)."""
+    one, not bwrap's).
+
+    With ``account`` (accounts.py) the command runs as that account, the folders on the way to
+    the visible ones and to Python and this package that it cannot pass are covered too, and
+    Python and this package are mounted back read-only (an interpreter under /root)."""
     out = [bwrap, "--die-with-parent", "--unshare-pid", "--new-session", "--info-fd", str(info_fd),
-           "--dev-bind", "/", "/", "--proc", "/proc", "--tmpfs", "/dev/shm"]
-    for path in _outermost(hidden):
+           "--dev-bind", "/", "/", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/dev/shm"]
+    visible = sorted({Path(p).resolve() for p in visible if Path(p).exists()})
+    covered: list[Path] = []
+    binds: list[tuple[str, Path]] = []
+    if account is not None:
+        code = accounts.code_folders()
+        covered += _outermost(accounts.out_of_reach(account, [*visible, *code]))
+        binds += [("--ro-bind", path) for path in code]
+    covered += _outermost(hidden)
+    binds += [("--bind", path) for path in visible]
+    for path in covered:
         out += ["--tmpfs", str(path)]
-    for path in sorted({Path(p).resolve() for p in visible if Path(p).exists()}):
-        out += ["--bind", str(path), str(path)]
+    for flag, path in binds:
+        if account is not None:  # the folders bwrap makes on the way are 0700: let the account pass
+            for folder in reversed(path.parents):
+                if any(c == folder or c in folder.parents for c in covered):
+                    out += ["--perms", "0755", "--dir", str(folder)]
+        out += [flag, str(path), str(path)]
     for path in masked:
         out += ["--ro-bind", os.devnull, str(path)]
-    return out + ["--", *argv]
+    return out + ["--", *(account.become() if account is not None else []), *argv]
 
 
 def _outermost(paths: Iterable[Path]) -> list[Path]:

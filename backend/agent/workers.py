@@ -28,7 +28,8 @@ from backend.proxy.checkpoint.store import CheckpointStore
 from backend.worker import output_marks
 from singularity_sdk.protocol import DeviceInfo, EventType, StartJob
 
-from . import sandbox
+from . import accounts, sandbox
+from .accounts import Account
 from .devices import gpu_minor_numbers, slot_cores
 from .spawner import Spawner
 
@@ -66,7 +67,7 @@ class JobRun:
     def __init__(self, spec: StartJob, run_dir: Path, devices: list[DeviceInfo], threads_per_slot: int,
                  checkpoint_root: Path, emit: Emit, on_checkpoint: Optional[OnCheckpoint] = None,
                  spawner: Optional[Spawner] = None, bwrap: Optional[str] = None,
-                 hidden: tuple[Path, ...] = ()):
+                 hidden: tuple[Path, ...] = (), account: Optional[Account] = None):
         self.spec = spec
         self.run_dir = run_dir
         self.devices = {d.index: d for d in devices}
@@ -78,6 +79,8 @@ class JobRun:
         #: sandbox workers with this bwrap, covering ``hidden`` (the service's folders)
         self.bwrap = bwrap
         self.hidden = hidden
+        #: the OS account the workers run as (serve --run-as; accounts.py), inside the sandbox
+        self.account = account
         self.ranks: dict[int, RankProcess] = {}
         self.exit_codes: dict[int, int] = {}
         self.stopping: Optional[str] = None
@@ -117,6 +120,8 @@ class JobRun:
             contract.ENV_WORKDIR_ROOT: str((self.run_dir.parent.parent / "workdirs").resolve()),
             "PYTHONUNBUFFERED": "1",
         })
+        if self.account is not None:
+            env.update(self.account.env())
         cpu_slots = [d for d in devs if d.kind == "cpu"]
         if cpu_slots and os.environ.get(PIN_ENV, "1") != "0":
             slots = sum(1 for d in self.devices.values() if d.kind == "cpu")
@@ -137,8 +142,11 @@ class JobRun:
         spec_path = self.run_dir / contract.SPEC_FILE
         spec_path.write_text(self.spec.model_dump_json())
         for rs in self.spec.ranks:
+            contract.rank_dir(self.run_dir, rs.rank).mkdir(exist_ok=True)
+        if self.account is not None:
+            accounts.give(self.account, [self.run_dir])
+        for rs in self.spec.ranks:
             rank_dir = contract.rank_dir(self.run_dir, rs.rank)
-            rank_dir.mkdir(exist_ok=True)
             r_fd, w_fd = os.pipe()
             env = self._env(rs)
             env[contract.ENV_CONTROL_FD] = str(w_fd)
@@ -198,13 +206,15 @@ class JobRun:
             copy = Path(env[contract.ENV_WORKDIR_ROOT], self.spec.job_id)
             copy.mkdir(parents=True, exist_ok=True)
             visible.append(copy)
+        if self.account is not None:  # the job's own folders become its account's
+            accounts.give(self.account, list(visible))
         if self.spec.workdir:
             visible.append(Path(self.spec.workdir))
         env = {**env, contract.ENV_SANDBOXED: "1"}
         info_r, info_w = os.pipe()
         try:
             cmd = sandbox.command(self.bwrap, [sys.executable, "-m", "backend.worker", *argv], self.hidden,
-                                  visible, info_w, sandbox.gpu_files_to_mask(self._own_gpu_minors()))
+                                  visible, info_w, sandbox.gpu_files_to_mask(self._own_gpu_minors()), self.account)
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 env=env, cwd=str(rank_dir), pass_fds=(w_fd, info_w), start_new_session=True, limit=LINE_LIMIT,

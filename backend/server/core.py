@@ -66,6 +66,9 @@ class ServiceConfig:
     #: what the policy assumes one preemption or migration costs (seconds of a job's devices):
     #: a defragmenting move happens only when its expected gain beats twice this
     move_cost_s: float = 5.0
+    #: user -> the OS account their jobs run as (serve --run-as; backend/agent/accounts.py);
+    #: None: every job runs as the agents' own user. A user missing from it cannot submit
+    run_as: Optional[dict[str, str]] = None
 
 
 class Core:

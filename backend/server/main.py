@@ -31,6 +31,7 @@ from backend.agent.sandbox import JOB_UMASK_ENV
 
 from .app import MAX_BODY_BYTES, install_schedule_coalescing, make_app
 from .credentials import ADMIN_ROLE, JOIN_ROLE, NODE_ROLE, node_user
+from .run_as import read_table
 from .service import Service, ServiceConfig
 from .store import Store
 from .tls import plain_http_warning, server_context
@@ -262,7 +263,7 @@ def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node
         move_cost: float = ServiceConfig.move_cost_s,
         checkpoint_timeout: float = ServiceConfig.checkpoint_timeout_s, tls_cert: Optional[str] = None,
         tls_key: Optional[str] = None, ca: Optional[str] = None, ray_address: Optional[str] = None,
-        stop_timeout: float = 30.0) -> None:
+        stop_timeout: float = 30.0, run_as: Optional[Path] = None) -> None:
     home = Path(home) if home else default_home()
     if checkpoint_every is None:  # not given: the cluster default; 0 turns periodic checkpoints off
         checkpoint_every = ServiceConfig.checkpoint_every
@@ -272,6 +273,7 @@ def run(home: Optional[Path], host: str, port: int, nodes: int, devices_per_node
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = ServiceConfig(checkpoint_every=checkpoint_every, node_timeout_s=node_timeout, policy=policy,
                            min_move_interval_s=min_move_interval, move_cost_s=move_cost,
-                           checkpoint_timeout_s=checkpoint_timeout)
+                           checkpoint_timeout_s=checkpoint_timeout,
+                           run_as=read_table(run_as) if run_as is not None else None)
     asyncio.run(serve(home, host, port, nodes, devices_per_node, config, store, tls_cert, tls_key, ca, ray_address,
                       stop_timeout))

@@ -131,6 +131,9 @@ class Service:
     # ------------------------------------------------------------------ jobs: user side
 
     def submit(self, user: str, req: SubmitRequest) -> JobInfo:
+        if self.config.run_as is not None and user not in self.config.run_as:
+            raise ServiceError(403, f"user {user!r} has no OS account to run jobs as: the admin adds one to the "
+                                    f"table given to 'serve --run-as'", "user")
         if (req.source is None) == (req.callable_b64 is None):
             raise ServiceError(422, "give exactly one of 'source' and 'callable_b64'", "source")
         code = req.source if req.source is not None else req.callable_b64
