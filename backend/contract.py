@@ -48,6 +48,12 @@ ENV_PLACEMENT = "SINGULARITY_PLACEMENT"
 ENV_WORKDIR_ROOT = "SINGULARITY_WORKDIR_ROOT"
 #: "1" inside the sandbox (backend/agent/sandbox.py): pid 1 there is the sandbox's init
 ENV_SANDBOXED = "SINGULARITY_SANDBOXED"
+#: seconds without a word from the agent on stdin after which a worker ends itself (a frozen or
+#: cut-off agent cannot stop it, and the job runs elsewhere by then)
+ENV_AGENT_LEASE = "SINGULARITY_AGENT_LEASE"
+#: the agent writes this request to every worker's stdin each AGENT_PING_S seconds
+OP_ALIVE = "alive"
+AGENT_PING_S = 1.0
 
 # ---------------------------------------------------------------------------- rank folder
 SPEC_FILE = "spec.json"  # in the attempt's folder, beside rank-N/

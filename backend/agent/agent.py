@@ -5,7 +5,10 @@ events pile up in the outbox; on reconnect the agent says hello (with the jobs i
 the server answers with the last sequence number it committed, and the rest is replayed.
 Workers run on a lease: when the agent has heard nothing from the server (no message, no answer
 to its pings) for longer than ``lease`` seconds, its jobs checkpoint at their next safe point and
-stop, as in a planned stop, and resume from that checkpoint once the server hears of it.
+stop, as in a planned stop, and resume from that checkpoint once the server hears of it. And the
+agent on one of its own: it tells each worker every second that it is alive, and a worker that
+has not heard it for `worker_lease` seconds ends itself (a frozen agent cannot stop it, and the
+server has lost the node and placed the job elsewhere long before).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from singularity_sdk.protocol import (
     server_message_adapter,
 )
 
+from backend import contract
 from backend.contract import ENV_LOG_LEVEL
 from backend.proxy.checkpoint.fingerprint import node as node_fingerprint
 from singularity_sdk import tls
@@ -132,6 +136,7 @@ class Agent:
         backoff = 0.1
         stopper = asyncio.create_task(self._wind_down())
         lease_watch = asyncio.create_task(self._watch_lease()) if self.lease is not None else None
+        keep_alive = asyncio.create_task(self._tell_workers_alive())
         while not stopper.done():
             try:
                 async with connect(self.url, additional_headers={"Authorization": f"Bearer {self.token}"},
@@ -158,6 +163,7 @@ class Agent:
             backoff = min(backoff * 2, 2.0)
         if lease_watch is not None:
             lease_watch.cancel()
+        keep_alive.cancel()
         await self.shutdown()
 
     async def _session(self, ws: ClientConnection, stopper: asyncio.Task) -> None:
@@ -230,6 +236,19 @@ class Agent:
             for r in runs:
                 asyncio.create_task(r.stop_at_checkpoint(reason, bound))
 
+    @property
+    def worker_lease(self) -> float:
+        """How long a worker runs on without a word from this agent: twice the agent's own lease
+        (at least 10 s, so a loaded machine's slow event loop does not end healthy workers)."""
+        return max(10.0, 2 * (self.lease or 10.0))
+
+    async def _tell_workers_alive(self) -> None:
+        while True:
+            await asyncio.sleep(contract.AGENT_PING_S)
+            for run in list(self.runs.values()):
+                if not run.done.is_set():
+                    run.send_control({"op": contract.OP_ALIVE})
+
     async def _receiver(self, ws: ClientConnection) -> None:
         async for raw in ws:
             self._last_heard = time.time()
@@ -289,7 +308,8 @@ class Agent:
         run = JobRun(spec, run_dir, self.devices, self.threads_per_slot, self.checkpoint_root, emit=None,  # type: ignore[arg-type]
                      on_checkpoint=self._store_checkpoint if self.transfer else None, spawner=self.spawner,
                      bwrap=self.bwrap, hidden=self.hidden,
-                     account=accounts.lookup(spec.run_as) if spec.run_as is not None else None)
+                     account=accounts.lookup(spec.run_as) if spec.run_as is not None else None,
+                     agent_lease_s=self.worker_lease)
         run.emit = self.emit_for(run)
         self.runs[spec.job_id] = run
         try:

@@ -67,7 +67,8 @@ class JobRun:
     def __init__(self, spec: StartJob, run_dir: Path, devices: list[DeviceInfo], threads_per_slot: int,
                  checkpoint_root: Path, emit: Emit, on_checkpoint: Optional[OnCheckpoint] = None,
                  spawner: Optional[Spawner] = None, bwrap: Optional[str] = None,
-                 hidden: tuple[Path, ...] = (), account: Optional[Account] = None):
+                 hidden: tuple[Path, ...] = (), account: Optional[Account] = None,
+                 agent_lease_s: Optional[float] = None):
         self.spec = spec
         self.run_dir = run_dir
         self.devices = {d.index: d for d in devices}
@@ -81,6 +82,8 @@ class JobRun:
         self.hidden = hidden
         #: the OS account the workers run as (serve --run-as; accounts.py), inside the sandbox
         self.account = account
+        #: a worker that has not heard from the agent this long ends itself (agent.py)
+        self.agent_lease_s = agent_lease_s
         self.ranks: dict[int, RankProcess] = {}
         self.exit_codes: dict[int, int] = {}
         self.stopping: Optional[str] = None
@@ -122,6 +125,8 @@ class JobRun:
         })
         if self.account is not None:
             env.update(self.account.env())
+        if self.agent_lease_s is not None:
+            env[contract.ENV_AGENT_LEASE] = f"{self.agent_lease_s:g}"
         cpu_slots = [d for d in devs if d.kind == "cpu"]
         if cpu_slots and os.environ.get(PIN_ENV, "1") != "0":
             slots = sum(1 for d in self.devices.values() if d.kind == "cpu")

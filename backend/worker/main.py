@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -86,7 +87,9 @@ def load_program(spec: WorkerSpec, filename: str = ""):
 
 def listen_for_requests(controller) -> None:
     """The agent's requests arrive as JSON lines on stdin: ``{"op": "checkpoint", "then": ...}``,
-    and ``{"op": "exit"}`` (cancel, or the job failed elsewhere: end now, no checkpoint).
+    ``{"op": "exit"}`` (cancel, or the job failed elsewhere: end now, no checkpoint), and every
+    second ``{"op": "alive"}``: with ``SINGULARITY_AGENT_LEASE`` set, a worker that has heard
+    nothing for that long ends itself (`watch_agent`).
 
     They are read from a private duplicate of the descriptor with ``os.read``, and the job's own
     stdin becomes /dev/null: a thread blocked inside ``sys.stdin`` holds its lock, and a process
@@ -97,12 +100,15 @@ def listen_for_requests(controller) -> None:
     os.close(devnull)
     sys.stdin = open(0, "r", closefd=False)
 
+    heard = [time.monotonic()]
+
     def loop() -> None:
         buffer = b""
         while True:
             chunk = os.read(fd, 65536)
             if not chunk:
                 return
+            heard[0] = time.monotonic()
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
@@ -118,6 +124,28 @@ def listen_for_requests(controller) -> None:
                     _flush_and_exit(contract.EXIT_STOPPED)
 
     threading.Thread(target=loop, name="singularity-control", daemon=True).start()
+    lease = os.environ.get(contract.ENV_AGENT_LEASE)
+    if lease:
+        threading.Thread(target=watch_agent, args=(heard, float(lease)), name="singularity-lease",
+                         daemon=True).start()
+
+
+def watch_agent(heard: list[float], lease: float) -> None:
+    """End this worker once the agent has said nothing for ``lease`` seconds. A frozen or cut-off
+    agent can neither stop it nor pass on its output, and by then the server has lost the node
+    and placed the job elsewhere, from its newest checkpoint; running on would only hold the
+    device. Nothing is flushed: a full output pipe nobody reads would block the exit."""
+    while True:
+        time.sleep(min(1.0, lease / 4))
+        silent = time.monotonic() - heard[0]
+        if silent > lease:
+            try:
+                os.set_blocking(2, False)
+                os.write(2, f"singularity: no word from the node agent for {silent:.0f} s (lease {lease:g} s): "
+                            f"this worker stops; the job runs on elsewhere\n".encode())
+            except OSError:
+                pass
+            os._exit(contract.EXIT_STOPPED)
 
 
 def _flush_and_exit(code: int) -> None:

@@ -77,7 +77,8 @@ def test_a_worker_whose_agent_lost_the_server_checkpoints_stops_and_resumes_exac
 def test_a_frozen_agents_node_is_lost_though_its_connection_stays_open(tmp_path, plain):
     """An agent that is connected but silent (frozen here; a partition without FIN or RST looks
     the same to the server) loses its node after the node timeout, and its job goes on elsewhere
-    with a plain run's output; thawed, the old worker stops (stale, or on its lease)."""
+    with a plain run's output; the old worker ends itself while the agent is still frozen (it
+    has not heard from its agent for the worker lease)."""
     logs, value = plain
     with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "home", node_timeout=3) as cluster, \
             cluster.client() as c:
@@ -92,13 +93,14 @@ def test_a_frozen_agents_node_is_lost_though_its_connection_stays_open(tmp_path,
         os.kill(agent, signal.SIGSTOP)
         try:
             assert job.wait(120) == JobState.SUCCEEDED, job.info.error
+            # the old worker ends itself while its agent is still frozen (its lease on the agent)
+            deadline = time.monotonic() + 60
+            while pid_alive(pid):
+                assert time.monotonic() < deadline, "the frozen agent's worker ran on"
+                time.sleep(0.1)
         finally:
             os.kill(agent, signal.SIGCONT)
         lost = [e.data for e in _events(job) if e.type == EventType.NODE_LOST]
         assert lost and lost[0]["node"] == node and "connected but silent" in lost[0]["why"]
         assert job.refresh().placement[0].node != node
         assert job.logs() == logs and job.result() == value
-        deadline = time.monotonic() + 60
-        while pid_alive(pid):
-            assert time.monotonic() < deadline, "the thawed agent's worker ran on"
-            time.sleep(0.1)
