@@ -389,6 +389,9 @@ class StartJob(Strict):
     workdir_b64: Optional[str] = None
     restore: bool = Field(False, description="resume from the newest usable checkpoint of the job (its store "
                                              "picks it, so a damaged newest one falls back to the one before)")
+    restore_step: Optional[int] = Field(None, description="with restore: the step of the newest checkpoint the "
+                                                          "server heard of; newer ones (written by an attempt whose "
+                                                          "report never arrived) are removed, not restored")
     checkpoint_every: Optional[float] = None
     layout: Optional[str] = Field(None, description="jobs of several ranks: the logical ranks of each device "
                                                     "slot, in physical order, e.g. '0,1|2,3' (two ranks per device)")

@@ -47,6 +47,7 @@ from singularity_sdk.protocol import (
 from backend import contract
 from backend.contract import ENV_LOG_LEVEL
 from backend.proxy.checkpoint.fingerprint import node as node_fingerprint
+from backend.proxy.checkpoint.store import CheckpointStore
 from singularity_sdk import tls
 from singularity_sdk.config import default_home
 
@@ -316,7 +317,12 @@ class Agent:
             if self.transfer is not None:
                 await asyncio.to_thread(self.transfer.fence, spec.job_id, spec.attempt)
                 if spec.restore:
-                    await asyncio.to_thread(self.transfer.download, spec.job_id)
+                    await asyncio.to_thread(self.transfer.download, spec.job_id, upto=spec.restore_step)
+            if spec.restore and spec.restore_step is not None:
+                gone = CheckpointStore(self.checkpoint_root / spec.job_id).discard_after(spec.restore_step)
+                if gone:
+                    log.info("%s: removed checkpoint(s) the server never heard of: %s", spec.job_id,
+                             ", ".join(p.name for p in gone))
             exchange = None
             if self.transfer is not None and len(spec.ranks) < spec.world_size:  # its parts meet in the store
                 exchange = self.transfer.exchange(spec.job_id, spec.attempt, spec.world_size, [r.rank for r in spec.ranks])

@@ -99,14 +99,16 @@ class CheckpointTransfer:
         for name in self._committed(job_id)[:-keep]:
             self.fs.rm(f"{self._job(job_id)}/{name}", recursive=True)
 
-    def download(self, job_id: str, keep: int = 2) -> Optional[Path]:
-        """Fetch the newest ``keep`` complete checkpoints missing from the local cache.
+    def download(self, job_id: str, keep: int = 2, upto: Optional[int] = None) -> Optional[Path]:
+        """Fetch the newest ``keep`` complete checkpoints (of steps up to ``upto``, the one the
+        server names) missing from the local cache.
 
         Returns the job's local checkpoint folder (what the worker restores from). Each one is
         fetched into a hidden staging folder and renamed, so a crash never leaves half of one."""
         local_job = self.cache_root / job_id
         local_job.mkdir(parents=True, exist_ok=True)
-        for name in self._committed(job_id)[-keep:]:
+        names = [n for n in self._committed(job_id) if upto is None or int(_COMMITTED.match(n).group(1)) <= upto]
+        for name in names[-keep:]:
             target = local_job / name
             if (target / "manifest.json").exists():
                 continue

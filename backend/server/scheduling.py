@@ -153,6 +153,7 @@ class Scheduling:
                 workdir_b64=row["workdir_b64"],
                 checkpoint_every=every,
                 restore=bool(row["last_checkpoint_json"]), layout=layout,
+                restore_step=json.loads(row["last_checkpoint_json"] or "{}").get("step"),
                 # a job queued before its user was in the table: an account of the user's own name,
                 # or the node refuses the start, saying so
                 run_as=self.config.run_as.get(row["user"], row["user"]) if self.config.run_as is not None else None,

@@ -104,3 +104,32 @@ def test_a_frozen_agents_node_is_lost_though_its_connection_stays_open(tmp_path,
         assert lost and lost[0]["node"] == node and "connected but silent" in lost[0]["why"]
         assert job.refresh().placement[0].node != node
         assert job.logs() == logs and job.result() == value
+
+
+def test_a_restore_takes_the_checkpoint_the_server_knows_not_a_newer_unreported_one(tmp_path, plain):
+    """A checkpoint the server never heard of (a partitioned worker's lease wrote it; its report
+    never arrived) holds output missing from the job's log: the server names the checkpoint to
+    restore, and the node removes newer ones instead of picking them up, now or later."""
+    import json
+    import shutil
+
+    logs, value = plain
+    with LocalCluster(nodes=1, devices_per_node=1, home=tmp_path / "home") as cluster, cluster.client() as c:
+        job = c.submit(PROGRAM, name="named", env=ENV)
+        deadline = time.monotonic() + 90
+        while sum(e.type == EventType.LOG for e in _events(job)) < 8:
+            assert time.monotonic() < deadline, job.refresh().state
+            time.sleep(0.1)
+        job.preempt(timeout=120)
+        step = [e for e in _events(job) if e.type == EventType.CHECKPOINTED][-1].data["step"]
+        known = next(p for p in (cluster.home / "checkpoints").rglob(f"ckpt-{step:08d}") if p.parent.name == job.id)
+        stale = known.parent / f"ckpt-{step + 1000:08d}"  # what an unreported newer checkpoint looks like
+        shutil.copytree(known, stale)
+        manifest = json.loads((stale / "manifest.json").read_text())
+        (stale / "manifest.json").write_text(json.dumps({**manifest, "step": step + 1000}))
+        job.resume()
+        assert job.wait(120) == JobState.SUCCEEDED, job.info.error
+        resumed = [e for e in _events(job) if e.type == EventType.RESUMED][-1].data
+        assert resumed["checkpoint"].endswith(known.name), resumed
+        assert not stale.exists()
+        assert job.logs() == logs and job.result() == value

@@ -383,6 +383,17 @@ class CheckpointStore:
             if m and int(m.group(1)) > after:
                 shutil.rmtree(p, ignore_errors=True)
 
+    def discard_after(self, step: int) -> list[Path]:
+        """Remove committed checkpoints (and staging folders) of steps above ``step``; returns the
+        checkpoints removed. Called before a restore the service names: a newer checkpoint was
+        written by an attempt whose report never arrived (a partitioned node's lease), so its
+        output is not in the job's log, and a later restore must not pick it."""
+        self.discard_staging(step)
+        gone = [path for s, path in self._committed() if s > step]
+        for path in gone:
+            shutil.rmtree(path, ignore_errors=True)
+        return gone
+
     def clear(self) -> None:
         """Remove every checkpoint and staging folder (the job succeeded)."""
         if not self.root.is_dir():
