@@ -124,6 +124,8 @@ class Resumed(Payload):
     placement: list[Placement] = Field(default_factory=list)
     rebuilt: list[Any] = Field(default_factory=list)
     checkpoint: Optional[str] = None
+    #: the restored checkpoint's number (the ranks of a job agree on it; ``step`` is this rank's own count)
+    checkpoint_step: Optional[int] = None
 
 
 class Migrating(Payload):

@@ -64,7 +64,8 @@ def describe(ev: Event) -> str:
     if t == EventType.CANCELLED:
         return f"cancelled ({p.reason})"
     if t == EventType.CHECKPOINT_STARTED:
-        return f"checkpoint started ({p.reason or 'requested'})"
+        who = f"rank {p.rank}: " if p.rank else ""
+        return f"{who}checkpoint started ({p.reason or 'requested'})"
     if t == EventType.CHECKPOINTED:
         return (f"checkpointed at step {p.step}: {_size(p.bytes)} in {_secs(p.seconds)} "
                 f"(safe point reached after {_secs(p.wait_s)})")

@@ -204,6 +204,12 @@ class AgentSide:
                 self.store.update_job(ae.job_id, **called_off)
         elif ae.type == EventType.RESUMED:
             resumed = read(ae)
+            if resumed.rank != 0:
+                # another rank of a data-parallel job: rank 0 speaks for the job; this one only
+                # says where its own output resumes
+                if superseded := log_replay.after_restore(self.store.db, ae.job_id, ae.attempt, resumed):
+                    emit(EventType.SUPERSEDED, superseded)
+                return
             emit(ae.type, {**ae.data, "node": node, "attempt": ae.attempt,
                            "placement": json.loads(row["placement_json"])}, ae.time)
             if superseded := log_replay.after_restore(self.store.db, ae.job_id, ae.attempt, resumed):

@@ -12,9 +12,9 @@ stdout and stderr and sends the mark's number with ``checkpoint_started``; its a
 the lines before the mark, then that event, then the lines after it
 (backend/worker/output_marks.py), so in the event log a rank's ``checkpoint_started`` lies
 exactly between the lines printed before and after that checkpoint, whichever pipe the agent
-happened to read first. Only ranks
-that report their own checkpoint are superseded this way (one-rank jobs; in data-parallel jobs
-rank 0 reports the commit later, so its surplus lines are kept: a line may repeat, none is lost).
+happened to read first. Every rank of a data-parallel job reports its own
+``checkpoint_started`` and ``resumed`` (only rank 0 reports commits), so each rank supersedes its
+own lines.
 """
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def after_restore(db: sqlite3.Connection, job_id: str, attempt: int, resumed: Re
     """What the rank that just resumed supersedes: its lines after the checkpoint it restored
     (found by path, else by step) up to this attempt's placement; None when nothing is."""
     rank, path, step = resumed.rank, resumed.checkpoint, resumed.step
+    label = resumed.checkpoint_step if resumed.checkpoint_step is not None else step
     before = _scheduled_seq(db, job_id, attempt)
     if before is None:
         return None
@@ -51,10 +52,10 @@ def after_restore(db: sqlite3.Connection, job_id: str, attempt: int, resumed: Re
     mine = [(seq, json.loads(d)) for seq, d in rows]
     mine = [(seq, d) for seq, d in mine if d.get("rank", 0) == rank]
     found = next(((seq, d) for seq, d in mine if path and d.get("path") == path), None) \
-        or next(((seq, d) for seq, d in mine if step is not None and d.get("step") == step), None)
+        or next(((seq, d) for seq, d in mine if label is not None and d.get("step") == label), None)
     if found is not None:
         match = _started(db, job_id, rank, found[1].get("step"), found[0]) or found[0]
-    elif step is not None and (started := _started(db, job_id, rank, step, before)) is not None:
+    elif label is not None and (started := _started(db, job_id, rank, label, before)) is not None:
         # The checkpoint was committed but its report never came (the node died in between):
         # the rank took the state it restored where it reported starting that checkpoint.
         match = started

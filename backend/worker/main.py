@@ -239,11 +239,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         sys.stderr.write(f"singularity: {exc}\n")
         (out_dir / contract.ERROR_FILE).write_text(str(exc))
         return 1
-    restore_path: list[str] = []
+    restored: list[Any] = []  # the CheckpointRef this run resumes, once known
 
     def on_event(type: str, data: dict[str, Any]) -> None:
         if type == "resumed":
-            data = {**data, "checkpoint": restore_path[0] if restore_path else None}
+            ref = restored[0] if restored else None
+            data = {**data, "checkpoint": str(ref.path) if ref else None, "checkpoint_step": ref.step if ref else None}
         elif type == "checkpointed":  # the scheduler resumes it only where this matches
             from backend.proxy.checkpoint import fingerprint
 
@@ -267,7 +268,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
                 on_event("interruptible", report(program))
         else:
-            restore_path.append(str(run.restored.path))  # "resumed" is reported once it is in place
+            restored.append(run.restored)  # "resumed" is reported once it is in place
         listen_for_requests(run.controller)
         stop_on_sigterm(run.controller)
 
@@ -319,7 +320,10 @@ def distributed_events(rank: int, on_event: Callable[[str, dict[str, Any]], None
     """One rank of W: the proxy's collective backend in place, and where this rank's events go.
 
     Every rank writes its part of each checkpoint, but the job has one event stream: rank 0
-    speaks for the job, and reports a checkpoint only once the last rank has committed it."""
+    speaks for the job, and reports a checkpoint only once the last rank has committed it. The
+    other ranks report only what concerns them alone: a checkpoint they could not take, and
+    where their output stands (``checkpoint_started``, with its output mark, and ``resumed``),
+    so that after a crash each rank's re-executed lines supersede its own earlier ones."""
     from backend.proxy.launch import prepare_rank
 
     prepare_rank()
@@ -330,6 +334,8 @@ def distributed_events(rank: int, on_event: Callable[[str, dict[str, Any]], None
             on_event(type, {**data, "rank": rank})
         elif reporter is not None:
             reporter(type, data)
+        elif type in ("checkpoint_started", "resumed"):
+            on_event(type, data)
 
     return forward, reporter
 

@@ -110,7 +110,9 @@ def test_a_rank_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(
 
 def _exact_since_restore(job, reference) -> None:
     """Steps between the restored checkpoint and the crash run (and print) again in the retry;
-    from the restore on, every rank's output is the uninterrupted run's, and so is the result."""
+    from the restore on, every rank's output is the uninterrupted run's, and so is the result.
+    And the job's log reads as one uninterrupted run, rank by rank: every rank's lines printed
+    after the checkpoint by the attempt that crashed are superseded by the retry's."""
     assert job.result() == reference[1]
     events = list(job.events(follow=False))
     resumed = max(e.seq for e in events if e.type == EventType.RESUMED)
@@ -118,6 +120,12 @@ def _exact_since_restore(job, reference) -> None:
         after = [e.data["line"] for e in events if e.seq > resumed and e.type == EventType.LOG
                  and e.data.get("stream") == "stdout" and e.data.get("rank") == rank]
         assert after and after == expected[-len(after):]
+    logged: dict[int, list[str]] = {}
+    for line in job.logs().splitlines(keepends=True):
+        rank, _, text = line[len("[rank "):].partition("] ")
+        if text.startswith(("step ", "rank ")):  # the script's stdout (stderr may hold warnings)
+            logged.setdefault(int(rank), []).append(text)
+    assert logged == reference[0]
 
 
 def test_resize_errors_say_what_is_possible(client):

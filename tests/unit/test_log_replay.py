@@ -42,3 +42,19 @@ def test_a_checkpoint_committed_but_never_reported_still_supersedes_from_its_sta
 def test_a_restore_of_a_checkpoint_never_begun_here_supersedes_nothing():
     db = _db([("scheduled", {"attempt": 1}), _line(0), ("scheduled", {"attempt": 2})])
     assert log_replay.after_restore(db, "j", 2, Resumed.model_validate({"rank": 0, "step": 5, "checkpoint": "/c/ckpt-5"})) is None
+
+
+def test_another_rank_of_a_data_parallel_job_supersedes_its_own_lines_by_the_agreed_number():
+    """Rank 1 reports no commits (rank 0 does, for the job) and its own safe-point count differs
+    from the number the ranks agreed on: its ``checkpoint_started`` of that number marks where
+    its superseded lines begin, and rank 0's lines are not counted."""
+    def line(rank: int, i: int) -> tuple[str, dict]:
+        return ("log", {"rank": rank, "stream": "stdout", "line": f"step {i}\n"})
+
+    db = _db([("scheduled", {"attempt": 1}), line(1, 0), ("checkpoint_started", {"rank": 0, "step": 9}),
+              ("checkpoint_started", {"rank": 1, "step": 9}), line(0, 1), line(1, 1),
+              ("checkpointed", {"rank": 0, "step": 9, "path": "/c/ckpt-9"}), line(1, 2), line(0, 2),
+              ("scheduled", {"attempt": 2})])
+    resumed = Resumed.model_validate({"rank": 1, "step": 6, "checkpoint": "/c/ckpt-9", "checkpoint_step": 9})
+    got = log_replay.after_restore(db, "j", 2, resumed)
+    assert got == {"attempt": 2, "ranks": [1], "after_seq": 4, "before_seq": 10, "lines": 2}
