@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,12 +104,20 @@ def code_folders() -> list[Path]:
 
 def give(account: Account, folders: Iterable[Path]) -> None:
     """Make ``folders`` and everything in them the account's (a restored checkpoint, a synced
-    copy from an earlier attempt), so its workers can write where the job writes."""
+    copy from an earlier attempt), so its workers can write where the job writes.
+
+    Links are never followed, and a file with more than one name is left as it is: an earlier
+    attempt of the job (as the account) could have made a hard link to a file of someone else's
+    there, which a chown by root would hand over."""
     for folder in folders:
         if not folder.exists():
             continue
-        os.chown(folder, account.uid, account.gid)
+        os.chown(folder, account.uid, account.gid, follow_symlinks=False)
         for root, dirs, files in os.walk(folder):
             for name in dirs + files:
-                os.chown(os.path.join(root, name), account.uid, account.gid, follow_symlinks=False)
+                path = os.path.join(root, name)
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                    continue
+                os.chown(path, account.uid, account.gid, follow_symlinks=False)
 

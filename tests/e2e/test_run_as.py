@@ -150,3 +150,20 @@ def test_a_bad_table_is_refused_naming_the_line(tmp_path):
                            str(table)], capture_output=True, text=True, timeout=60,
                           cwd=str(Path(__file__).resolve().parents[2]))
     assert done.returncode != 0 and "line 1" in done.stderr, done.stderr
+
+
+def test_giving_a_folder_to_an_account_hands_over_nothing_else(os_accounts, tmp_path):
+    """A job (as its account) may leave links in its folders for the next attempt's chown, run by
+    root: links are not followed, and a file with a second name (a hard link to someone else's
+    file) is left alone."""
+    alice = os_accounts["alice"]
+    victim = tmp_path / "victim"
+    victim.write_text("root's")
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "own.txt").write_text("x")
+    os.link(victim, folder / "hard")
+    os.symlink(victim, folder / "soft")
+    accounts.give(alice, [folder])
+    assert (folder / "own.txt").stat().st_uid == alice.uid and folder.stat().st_uid == alice.uid
+    assert victim.stat().st_uid == 0 and os.lstat(folder / "soft").st_uid == alice.uid
