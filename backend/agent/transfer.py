@@ -25,7 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -33,11 +32,9 @@ from typing import Iterable, Optional
 
 import fsspec
 
-from backend.proxy.checkpoint.store import BLOB_DIR, MEETING_FILE, CheckpointStore
+from backend.proxy.checkpoint.store import BLOB_DIR, MEETING_FILE, CheckpointStore, committed_step, staging_step
 
 log = logging.getLogger("singularity.agent")
-_COMMITTED = re.compile(r"^ckpt-(\d{8,})$")
-_STAGING = re.compile(r"^\.ckpt-(\d{8,})\.tmp$")
 #: the store's folder (in the job's) for the parts of checkpoints that are not complete anywhere yet
 PARTS = "parts"
 
@@ -91,7 +88,7 @@ class CheckpointTransfer:
         names = sorted(os.path.basename(e.rstrip("/")) for e in entries)
         complete = []
         for name in names:
-            if _COMMITTED.match(name) and self.fs.exists(f"{self._job(job_id)}/{name}/manifest.json"):
+            if committed_step(name) is not None and self.fs.exists(f"{self._job(job_id)}/{name}/manifest.json"):
                 complete.append(name)
         return complete
 
@@ -107,7 +104,7 @@ class CheckpointTransfer:
         fetched into a hidden staging folder and renamed, so a crash never leaves half of one."""
         local_job = self.cache_root / job_id
         local_job.mkdir(parents=True, exist_ok=True)
-        names = [n for n in self._committed(job_id) if upto is None or int(_COMMITTED.match(n).group(1)) <= upto]
+        names = [n for n in self._committed(job_id) if upto is None or (committed_step(n) or 0) <= upto]
         for name in names[-keep:]:
             target = local_job / name
             if (target / "manifest.json").exists():
@@ -175,7 +172,7 @@ class PartExchange:
             entries = list(self.local_job.iterdir())
         except FileNotFoundError:
             return []
-        return sorted((int(m.group(1)), p) for p in entries if (m := _STAGING.match(p.name)) and p.is_dir())
+        return sorted((step, p) for p in entries if (step := staging_step(p.name)) is not None and p.is_dir())
 
     def step(self) -> None:
         if self.gathers:
@@ -265,8 +262,8 @@ class PartExchange:
                     self.t.fs.rm(entry, recursive=True)
                 continue
             for ck in self.t.fs.ls(entry, detail=False):
-                m = _COMMITTED.match(os.path.basename(ck.rstrip("/")))
-                if m and int(m.group(1)) <= upto:
+                step = committed_step(os.path.basename(ck.rstrip("/")))
+                if step is not None and step <= upto:
                     self.t.fs.rm(ck, recursive=True)
 
     async def run(self, done: asyncio.Event, poll_s: float = 0.1) -> None:

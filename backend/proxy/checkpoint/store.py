@@ -49,6 +49,18 @@ SLEEP_HOOK_ENV = "SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE"
 MEETING_FILE = ".parts-meet"
 
 
+def committed_step(name: str) -> Optional[int]:
+    """The step of a committed checkpoint's folder name (``ckpt-00000042``), else None."""
+    m = _COMMITTED.match(name)
+    return int(m.group(1)) if m else None
+
+
+def staging_step(name: str) -> Optional[int]:
+    """The step of a checkpoint being written, from its staging folder's name, else None."""
+    m = _STAGING.match(name)
+    return int(m.group(1)) if m else None
+
+
 def meeting_point(root: Path) -> int:
     """A number for the place where the parts of the checkpoints in ``root`` come together.
 
