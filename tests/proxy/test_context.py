@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 
 import pytest
@@ -31,7 +32,8 @@ def test_cwd_is_relative_to_the_job_folder_and_env_changes_are_the_jobs_only(job
     ctx = context.capture()
     assert (ctx["cwd"], ctx["cwd_relative"]) == (os.path.join("runs", "a"), True)
     ctx["set"].pop("PYTEST_CURRENT_TEST", None)  # pytest's own, changed between setup and call
-    assert ctx["set"] == {"PHASE": "fit"} and ctx["unset"] == ["DROPPED"] and ctx["files"] is None
+    assert ctx["set"] == {"PHASE": "fit"} and ctx["unset"] == ["DROPPED"]
+    assert context.carried_folder() is None  # a folder the nodes share does not travel
 
     # a new process on another node: the same folder at another path, the service's environment
     other = job_folder.parent / (job_folder.name + "-elsewhere")
@@ -63,11 +65,11 @@ def test_a_synced_copy_is_rolled_back_to_the_checkpoints_files(job_folder):
     (job_folder / "out" / "a.txt").write_text("before")
     (job_folder / "empty").mkdir()
     context.carry_files(str(job_folder))
-    ctx = context.capture()
+    saved = pickle.dumps(context.carried_folder())
     (job_folder / "out" / "a.txt").write_text("after the checkpoint")
     (job_folder / "out" / "b.txt").write_text("new")
     (job_folder / "empty").rmdir()
-    context.restore(ctx)
+    assert pickle.loads(saved) is None  # loading the checkpoint rolls the copy back
     assert sorted(str(p.relative_to(job_folder)) for p in job_folder.rglob("*")) == ["empty", "out", "out/a.txt"]
     assert (job_folder / "out" / "a.txt").read_text() == "before"
 
@@ -77,4 +79,4 @@ def test_a_copy_over_the_cap_fails_the_checkpoint_naming_the_cap(job_folder):
         f.truncate(files.MAX_WORKDIR_BYTES + 1)  # sparse: the size check comes before any read
     context.carry_files(str(job_folder))
     with pytest.raises(CheckpointFailure, match=r"limited to 32 MiB \(largest file: big.bin"):
-        context.capture()
+        context.carried_folder()

@@ -6,7 +6,8 @@ job's folder. What the job itself changed since it began (``os.chdir()``, ``os.e
 redone before the restored code continues. The working directory is stored relative to the
 job's folder when it lies inside it, so it still resolves when the folder is a synced copy at
 another path on another node. When the job runs in such a copy, the copy's files travel in the
-checkpoint too (`files`), and a restore rolls the copy back to them.
+checkpoint too (`carried_folder`), and a restore rolls the copy back to them as the checkpoint is
+read, before the files the program held open are opened again (open_files.py).
 """
 from __future__ import annotations
 
@@ -48,42 +49,68 @@ def _ours(key: str) -> bool:
     return key in SERVICE_KEYS or key.startswith("SINGULARITY_")
 
 
+def relative_path(path: str) -> tuple[str, bool]:
+    """``path`` relative to the job's starting folder when inside it (then True), else as given:
+    what still resolves when the folder is a synced copy at another path on another node."""
+    rel = os.path.relpath(path, _baseline()["cwd"])
+    inside = rel == "." or not (rel == os.pardir or rel.startswith(os.pardir + os.sep))
+    return (rel, True) if inside else (path, False)
+
+
+def resolve_path(path: str, relative: bool) -> str:
+    """The absolute path of what `relative_path` returned, in this process's job folder."""
+    return os.path.join(_baseline()["cwd"], path) if relative else path
+
+
 def capture() -> dict[str, Any]:
     """argv, cwd (relative to the starting folder when inside it) and the job's env changes."""
     base = _baseline()
     env, start_env = os.environ, base["env"]
-    cwd = os.getcwd()
-    rel = os.path.relpath(cwd, base["cwd"])
-    inside = rel == "." or not (rel == os.pardir or rel.startswith(os.pardir + os.sep))
+    cwd, inside = relative_path(os.getcwd())
     return {
         "argv": list(sys.argv),
-        "cwd": rel if inside else cwd,
+        "cwd": cwd,
         "cwd_relative": inside,
         "set": {k: v for k, v in env.items() if start_env.get(k) != v and not _ours(k)},
         "unset": sorted(k for k in start_env if k not in env and not _ours(k)),
-        "files": _pack_carried(),
     }
 
 
-def _pack_carried() -> Optional[bytes]:
+class _FolderRollback:
+    """The synced copy's files in a checkpoint graph: unpickling it puts them back at once."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce__(self) -> tuple:
+        return roll_back_folder, (self.data,)
+
+
+def carried_folder() -> Optional[_FolderRollback]:
+    """The synced copy's files, for a checkpoint graph (None when the job's folder is shared).
+    Put before anything that may hold an open file: loading it rolls the copy back first."""
     folder = _carried["folder"]
     if folder is None:
         return None
     try:
-        return folders.pack(folder)
+        return _FolderRollback(folders.pack(folder))
     except (folders.WorkdirTooLarge, OSError) as exc:
         raise CheckpointFailure(f"the job's files cannot travel with the checkpoint: {exc}") from exc
+
+
+def roll_back_folder(data: bytes) -> None:
+    """Put the synced copy back to what it held at the checkpoint, like the program itself."""
+    if _carried["folder"] is not None:
+        folders.unpack(data, _carried["folder"], replace=True)
 
 
 def restore(context: Optional[dict[str, Any]]) -> None:
     """Redo a captured context in this process (a checkpoint without one changes nothing)."""
     if not context:
         return
-    base = _baseline()
-    if context.get("files") is not None and _carried["folder"] is not None:
-        # The copy goes back to what it held at the checkpoint, like the program itself.
-        folders.unpack(context["files"], _carried["folder"], replace=True)
-    target = os.path.join(base["cwd"], context["cwd"]) if context["cwd_relative"] else context["cwd"]
+    if context.get("files") is not None:  # a checkpoint from before `carried_folder`
+        roll_back_folder(context["files"])
+    target = resolve_path(context["cwd"], context["cwd_relative"])
     if not os.path.isdir(target):
         where = f"{context['cwd']!r} inside the job's folder" if context["cwd_relative"] else repr(target)
         raise CheckpointError(f"the job had changed into the directory {where}, which does not exist on this "

@@ -119,12 +119,14 @@ class IfFrame:
 class BlockFrame:
     """Frame of a ``with`` or ``try`` body; a context manager so Python pops it on any exit."""
 
-    __slots__ = ("rt", "node", "kind")
+    __slots__ = ("rt", "node", "kind", "managers", "saved_files")
 
-    def __init__(self, rt: LoopHost, node: int, kind: str) -> None:
+    def __init__(self, rt: LoopHost, node: int, kind: str, saved_files: Optional[list] = None) -> None:
         self.rt = rt
         self.node = node
         self.kind = kind
+        self.managers: list = []  # a with statement's context managers, in item order
+        self.saved_files = saved_files or []  # on restore: the checkpoint's states of its written files
 
     def __enter__(self) -> "BlockFrame":
         self.rt.stack.append(self)

@@ -21,7 +21,7 @@ import time
 import warnings
 from typing import Any, Callable, Optional, Sequence
 
-from . import frames, iterators, rng, taking
+from . import frames, iterators, open_files, rng, taking
 from ..checkpoint.errors import CheckpointError, Preempted
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
 from .ports import ControllerView, ProgramView
@@ -225,7 +225,8 @@ class Runtime:
         if self._elsewhere():
             return BlockFrame(DORMANT, node, "with")
         if self.restoring:
-            self._take(node)
+            rec, _ = self._take(node)
+            return BlockFrame(self, node, "with", rec.get("files"))
         return BlockFrame(self, node, "with")
 
     def enter_try(self, node: int) -> BlockFrame:
@@ -236,13 +237,28 @@ class Runtime:
         return BlockFrame(self, node, "try")
 
     def with_ctx(self, node: int, manager: Any) -> Any:
-        if self.restoring and isinstance(manager, io.IOBase):
-            line = self.program.nodes[node].line
+        """Each context manager of a with statement's header, as it is made: kept on the frame,
+        so a checkpoint can save the files it wrote; on restore, such a file (which running the
+        header again just truncated) gets its saved bytes and place back."""
+        if self._elsewhere():
+            return manager
+        frame = self.stack[-1] if self.stack else None
+        if not isinstance(frame, BlockFrame) or frame.node != node:
+            return manager
+        index = len(frame.managers)
+        frame.managers.append(manager)
+        if not self.restoring or not isinstance(manager, io.IOBase):
+            return manager
+        line = self.program.nodes[node].line
+        saved = frame.saved_files[index] if index < len(frame.saved_files) else None
+        if saved is not None:
+            open_files.apply(manager, saved, f"the with statement at line {line}")
+        elif not (open_files.is_open_file(manager) and manager.writable()):
             warnings.warn(
                 f"restore re-entered the with statement at line {line}, which re-opened "
-                f"{getattr(manager, 'name', manager)!r}: reads and writes through it start where the "
-                f"header leaves them, not where they were at the checkpoint (a for loop over it is "
-                f"advanced back to its item)", RuntimeWarning, stacklevel=2)
+                f"{getattr(manager, 'name', manager)!r}: reads through it start where the header leaves "
+                f"them, not where they were at the checkpoint (a for loop over it is advanced back to its "
+                f"item)", RuntimeWarning, stacklevel=2)
         return manager
 
     def pop(self, node: int) -> None:

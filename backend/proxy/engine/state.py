@@ -20,8 +20,9 @@ Our pickler extends cloudpickle in four ways:
   top-level rebinding (or a ``global`` statement) is seen by them exactly as before;
 * classes defined in the program are always pickled by value (the namespace may be registered as
   a module, but it is empty when a restore starts);
-* open files raise instead of being silently turned into a StringIO (cloudpickle's default), and
-  closed ones (left behind by ``with open(...) as f``) come back as a `ClosedFile` placeholder;
+* open regular files are saved with their place and written bytes and re-opened (open_files.py)
+  instead of being silently turned into a StringIO (cloudpickle's default); other streams raise,
+  and closed files (left behind by ``with open(...) as f``) come back as a `ClosedFile` placeholder;
 * a DataLoader is pickled without its live persistent-workers iterator.
 
 When the state cannot be pickled every variable is probed on its own (storages are not copied by
@@ -49,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import cloudpickle
 
-from . import background, context, handles, iterators, lazy, libraries, rng, training_state
+from . import background, context, handles, iterators, lazy, libraries, open_files, rng, training_state
 from ..checkpoint import digest, fingerprint
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
@@ -160,7 +161,10 @@ class ProxyPickler(cloudpickle.Pickler):
                 return getattr, (sys, stream)
             if obj.closed:  # e.g. left behind by `with open(...) as f:`; nothing to resume in it
                 return ClosedFile, (str(getattr(obj, "name", "")), str(getattr(obj, "mode", "")))
-            raise pickle.PicklingError(f"cannot save an open file or stream ({obj!r})")
+            if open_files.is_open_file(obj):  # re-opened with its bytes and place
+                return open_files.reduce(obj)
+            if not isinstance(obj, (io.BytesIO, io.StringIO)):  # those two pickle as they are
+                raise pickle.PicklingError(f"cannot save an open stream ({obj!r}) that is not a file on disk")
         if lazy.is_dataloader(obj):
             state = dict(obj.__dict__)
             state["_iterator"] = None  # a live persistent-workers iterator; recreated by iter()
@@ -344,8 +348,28 @@ def _records(rt: RuntimeView, entries: list, boundary: Optional[int], last: int,
                             "branch": frame.branch})
         else:
             assert isinstance(frame, BlockFrame)
-            records.append({"node": frame.node, "kind": frame.kind, "line": nodes[frame.node].line})
+            rec = {"node": frame.node, "kind": frame.kind, "line": nodes[frame.node].line}
+            if frame.kind == "with":
+                rec["files"] = _with_files(frame, rec["line"], failures)
+            records.append(rec)
     return records
+
+
+def _with_files(frame: BlockFrame, line: int, failures: list[CheckpointFailure]) -> list:
+    """The state of each file a ``with`` header opened for writing, in item order (None for
+    other managers): the restore runs the header again, which truncates such a file."""
+    out: list = []
+    for manager in frame.managers:
+        if open_files.is_open_file(manager) and manager.writable():
+            try:
+                out.append(open_files.capture(manager))
+            except open_files.FileNotCarried as e:
+                failures.append(CheckpointFailure(f"the with statement at line {line} holds a file that "
+                                                  f"cannot be saved: {e}"))
+                out.append(None)
+        else:
+            out.append(None)
+    return out
 
 
 def _current_statement(rt: RuntimeView, position: list[dict]) -> int:
@@ -515,6 +539,7 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         # before anything that may hold a DDP module: a group the program (or a library such as
         # accelerate, in a one-rank job) created is created again first, as the load meets this
         "process_group": libraries.ProcessGroupMarker.now(),
+        "folder": context.carried_folder(),  # before any open file: the load rolls the folder back first
         "position": position,
         "namespace": namespace if in_locals else _without(namespace, rebuild),
         "locals": _without(saved_locals, rebuild) if in_locals else None,

@@ -1,0 +1,153 @@
+"""Files a job holds open: saved with their place (and, when written, their bytes), re-opened exactly.
+
+Scripts keep a log or a metrics file open across the training loop: ``with open("log.txt", "w")
+as log:`` around it, or ``metrics = open(path, "a")`` before it. A restore that simply re-ran the
+``open`` would truncate the file (mode ``w``) or keep the lines written after the checkpoint
+(mode ``a``, after a crash): the file would no longer be the uninterrupted run's. So a checkpoint
+records, for each open regular file, its path, mode and position, and for a file open for writing
+its whole contents as they are on disk after a flush; the restore puts those bytes back and seeks
+to the position. Reading files get their position back; their contents are the user's input and
+are not copied.
+
+A file whose contents are larger than `MAX_CONTENT_BYTES` is refused with advice, as are streams
+that are not regular files (pipes, sockets, ttys): nothing can put them back where they were.
+"""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import stat
+import warnings
+from dataclasses import dataclass
+from typing import IO, Any, Optional
+
+from . import context
+
+#: above this, a written file's bytes are not copied into every checkpoint: the save is refused
+MAX_CONTENT_BYTES = 256 << 20
+
+
+class FileNotCarried(Exception):
+    """An open file that a checkpoint cannot carry; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class FileState:
+    """What re-opens one file where it was: ``path`` is relative to the job's folder when inside it."""
+
+    path: str
+    relative: bool
+    mode: str
+    position: int
+    content: Optional[bytes]  # the bytes of a file open for writing; None for a reading file
+    encoding: Optional[str] = None  # text files only
+    errors: Optional[str] = None
+    raw: bool = False  # opened unbuffered (``buffering=0``)
+
+    @property
+    def absolute(self) -> str:
+        return context.resolve_path(self.path, self.relative)
+
+
+def is_open_file(obj: Any) -> bool:
+    """True for an open file object of the ``open()`` kind (text, buffered or raw)."""
+    return isinstance(obj, (io.TextIOWrapper, io.BufferedWriter, io.BufferedReader, io.BufferedRandom,
+                            io.FileIO)) and not obj.closed
+
+
+def _writable(f: Any) -> bool:
+    try:
+        return bool(f.writable())
+    except ValueError:
+        return False
+
+
+def capture(f: Any) -> FileState:
+    """The state of open file ``f`` (flushed first, so what it wrote is on disk). Raises
+    `FileNotCarried` for what cannot be re-opened."""
+    name = getattr(f, "name", "?")
+    try:
+        fd = f.fileno()
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileNotCarried(f"{name!r} is not a regular file (a pipe, socket or terminal); open it in a "
+                                 f"statement inside the loop, or close it before the loop")
+        if _writable(f):
+            f.flush()
+        position = f.tell()
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError as exc:
+        raise FileNotCarried(f"the place in the open file {name!r} cannot be saved ({exc}); iterate over "
+                             f"it with a for loop, or re-open it inside the loop") from exc
+    if path.endswith(" (deleted)"):
+        raise FileNotCarried(f"the open file {name!r} was deleted from disk; a restore could not re-open it")
+    content = None
+    if _writable(f):
+        size = os.fstat(fd).st_size
+        if size > MAX_CONTENT_BYTES:
+            raise FileNotCarried(f"{name!r} is open for writing and holds {size >> 20} MiB, more than the "
+                                 f"{MAX_CONTENT_BYTES >> 20} MiB a checkpoint copies; open it in append mode "
+                                 f"inside the loop (`with open(path, 'a')` around each write)")
+        with open(f"/proc/self/fd/{fd}", "rb") as again:  # works for a write-only descriptor too
+            content = again.read()
+    rel, relative = context.relative_path(path)
+    text = isinstance(f, io.TextIOWrapper)
+    return FileState(rel, relative, str(getattr(f, "mode", "rb")), position, content,
+                     f.encoding if text else None, f.errors if text else None, isinstance(f, io.FileIO))
+
+
+def apply(f: Any, state: FileState, where: str) -> None:
+    """Make ``f``, just opened again by a restore (``where`` says by what), hold what the
+    checkpoint held: the saved bytes, and the same position."""
+    now = capture_path(f)
+    if now is not None and now != state.absolute:
+        warnings.warn(f"{where} re-opened {now!r}, but at the checkpoint it had {state.absolute!r} open; "
+                      f"the saved contents are written to the file it opened now", RuntimeWarning, stacklevel=3)
+    if state.content is not None:
+        _put_back(f.fileno(), state.content, f)
+    f.seek(state.position)
+
+
+def capture_path(f: Any) -> Optional[str]:
+    try:
+        return os.readlink(f"/proc/self/fd/{f.fileno()}")
+    except (OSError, ValueError):
+        return None
+
+
+def _put_back(fd: int, content: bytes, f: Any) -> None:
+    f.flush()
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    view = memoryview(content)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def reopen(state: FileState) -> IO:
+    """A new file object for ``state`` (what unpickling a saved open file calls)."""
+    path = state.absolute
+    if state.content is not None:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "wb") as out:
+            out.write(state.content)
+    mode = state.mode
+    if "w" in mode or "x" in mode:  # the file exists now and must not be truncated
+        mode = "r+" + ("b" if "b" in mode else "")
+    if "b" in mode:
+        f = open(path, mode, buffering=0 if state.raw else -1)
+    else:
+        f = open(path, mode, encoding=state.encoding, errors=state.errors)
+    if "a" not in mode:
+        f.seek(state.position)
+    return f
+
+
+def reduce(obj: Any) -> Any:
+    """The pickle reduction of an open regular file, or NotImplemented for other objects."""
+    if not is_open_file(obj):
+        return NotImplemented
+    try:
+        return reopen, (capture(obj),)
+    except FileNotCarried as exc:
+        raise pickle.PicklingError(str(exc)) from exc

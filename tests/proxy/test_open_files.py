@@ -1,0 +1,100 @@
+"""Open files in a checkpoint: written files come back with their bytes and place, read files
+with their place; what cannot be re-opened is refused with a reason."""
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+
+import pytest
+
+from backend.proxy.engine import context, open_files
+from backend.proxy.engine.state import ProxyPickler
+
+
+@pytest.fixture()
+def job_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    context.begin()
+    return tmp_path
+
+
+def dumps(obj) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    ProxyPickler(buf, protocol=4).dump(obj)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("mode", ["w", "a", "w+", "wb", "ab"])
+def test_a_written_file_is_put_back_as_it_was_at_the_checkpoint(job_folder, mode):
+    text = "b" not in mode
+    line = (lambda s: s) if text else (lambda s: s.encode())
+    log = open("log.txt", mode)
+    log.write(line("one\ntwo\n"))  # still in the buffer: the checkpoint flushes it
+    saved = dumps({"log": log, "again": log})
+    log.write(line("lost after the checkpoint\n"))
+    log.close()
+
+    state = pickle.loads(saved)
+    assert state["log"] is state["again"]  # one file, shared
+    state["log"].write(line("three\n"))
+    state["log"].close()
+    assert (job_folder / "log.txt").read_bytes() == b"one\ntwo\nthree\n"
+
+
+def test_a_file_held_at_another_path_resolves_in_the_new_job_folder(job_folder, tmp_path_factory, monkeypatch):
+    (job_folder / "runs").mkdir()
+    log = open("runs/log.txt", "w")
+    log.write("a\n")
+    saved = dumps(log)
+    log.close()
+    elsewhere = tmp_path_factory.mktemp("other-node")
+    monkeypatch.chdir(elsewhere)
+    context.begin()
+    reopened = pickle.loads(saved)
+    reopened.write("b\n")
+    reopened.close()
+    assert (elsewhere / "runs" / "log.txt").read_text() == "a\nb\n"
+
+
+def test_a_read_file_resumes_at_its_place(job_folder):
+    (job_folder / "data.txt").write_text("".join(f"row {i}\n" for i in range(10)))
+    f = open("data.txt")
+    assert [f.readline() for _ in range(3)][-1] == "row 2\n"
+    saved = dumps(f)
+    f.close()
+    assert pickle.loads(saved).readline() == "row 3\n"
+
+
+def test_a_restore_puts_the_bytes_back_into_a_handle_its_header_truncated(job_folder):
+    log = open("log.txt", "w")
+    log.write("kept\n")
+    state = open_files.capture(log)
+    log.close()
+    again = open("log.txt", "w")  # what re-running `with open("log.txt", "w") as log:` does
+    open_files.apply(again, state, "the with statement at line 1")
+    again.write("more\n")
+    again.close()
+    assert (job_folder / "log.txt").read_text() == "kept\nmore\n"
+
+
+def test_what_cannot_be_reopened_is_refused_with_a_reason(job_folder):
+    a, b = socket.socketpair()
+    try:
+        stream = a.makefile("w")
+        with pytest.raises(pickle.PicklingError, match="not a regular file"):
+            dumps(stream)
+    finally:
+        a.close(), b.close()
+    r, w = os.pipe()
+    with os.fdopen(w, "w") as pipe:
+        with pytest.raises(pickle.PicklingError, match="not a regular file"):
+            dumps(pipe)
+    os.close(r)
+    gone = open("gone.txt", "w")
+    os.unlink("gone.txt")
+    with pytest.raises(pickle.PicklingError, match="was deleted"):
+        dumps(gone)
+    gone.close()
