@@ -44,6 +44,7 @@ SINGLE = {
     "scheduler_manual_update": ["--steps", "16"],
     "random_dataset": ["--epochs", "3"],
     "open_log_files": ["--steps", "16"],
+    "global_settings": ["--steps", "16"],
 }
 DDP_ARGS = ["--steps", "16"]  # ddp_main, 2 ranks
 NOT_BITWISE = {"tensorboard_writer": ("runs",)}  # compared through the scalars instead

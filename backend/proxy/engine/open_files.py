@@ -7,7 +7,7 @@ as log:`` around it, or ``metrics = open(path, "a")`` before it. A restore that 
 records, for each open regular file, its path, mode and position, and for a file open for writing
 its whole contents as they are on disk after a flush; the restore puts those bytes back and seeks
 to the position. Reading files get their position back; their contents are the user's input and
-are not copied.
+are not copied. A character device (``/dev/null``) is opened again by name.
 
 A file whose contents are larger than `MAX_CONTENT_BYTES` is refused with advice, as are streams
 that are not regular files (pipes, sockets, ttys): nothing can put them back where they were.
@@ -39,7 +39,7 @@ class FileState:
     path: str
     relative: bool
     mode: str
-    position: int
+    position: int  # -1: a character device (``/dev/null``), where there is nothing to seek
     content: Optional[bytes]  # the bytes of a file open for writing; None for a reading file
     encoding: Optional[str] = None  # text files only
     errors: Optional[str] = None
@@ -69,7 +69,11 @@ def capture(f: Any) -> FileState:
     name = getattr(f, "name", "?")
     try:
         fd = f.fileno()
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        kind = os.fstat(fd).st_mode
+        if stat.S_ISCHR(kind):  # /dev/null, a terminal's device: opened again by name, nowhere to seek
+            return FileState(str(getattr(f, "name", "")), False, str(getattr(f, "mode", "w")), -1, None,
+                             getattr(f, "encoding", None), getattr(f, "errors", None), isinstance(f, io.FileIO))
+        if not stat.S_ISREG(kind):
             raise FileNotCarried(f"{name!r} is not a regular file (a pipe, socket or terminal); open it in a "
                                  f"statement inside the loop, or close it before the loop")
         if _writable(f):
@@ -105,7 +109,8 @@ def apply(f: Any, state: FileState, where: str) -> None:
                       f"the saved contents are written to the file it opened now", RuntimeWarning, stacklevel=3)
     if state.content is not None:
         _put_back(f.fileno(), state.content, f)
-    f.seek(state.position)
+    if state.position >= 0:
+        f.seek(state.position)
 
 
 def capture_path(f: Any) -> Optional[str]:
@@ -138,7 +143,7 @@ def reopen(state: FileState) -> IO:
         f = open(path, mode, buffering=0 if state.raw else -1)
     else:
         f = open(path, mode, encoding=state.encoding, errors=state.errors)
-    if "a" not in mode:
+    if "a" not in mode and state.position >= 0:
         f.seek(state.position)
     return f
 

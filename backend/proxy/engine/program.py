@@ -12,7 +12,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import context, libraries, training_state
+from . import context, libraries, process_settings, training_state
 from ..checkpoint.errors import CheckpointError
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
@@ -246,8 +246,10 @@ class ResumableProgram:
             rt.restore_started = time.monotonic()
             graph = load_graph(restore, controller.rank, globals_, self.identity)
             context.restore(graph.get("context"))  # before rebuilds: they may read relative paths
+            process_settings.apply(graph.get("process"))  # the settings the skipped statements made
         else:
             context.begin()
+            process_settings.begin()
         if self.fallback_reason and self.kind == "callable":
             warnings.warn(f"{self.fn!r} runs without safe points: {self.fallback_reason}", RuntimeWarning,
                           stacklevel=2)

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import cloudpickle
 
-from . import background, context, handles, iterators, lazy, libraries, open_files, rng, training_state
+from . import background, context, handles, iterators, lazy, libraries, open_files, process_settings, rng, training_state
 from ..checkpoint import digest, fingerprint
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
@@ -540,6 +540,7 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         # accelerate, in a one-rank job) created is created again first, as the load meets this
         "process_group": libraries.ProcessGroupMarker.now(),
         "folder": context.carried_folder(),  # before any open file: the load rolls the folder back first
+        "process": process_settings.capture(probe),  # default dtype, print options, logging...: put back on restore
         "position": position,
         "namespace": namespace if in_locals else _without(namespace, rebuild),
         "locals": _without(saved_locals, rebuild) if in_locals else None,

@@ -1,0 +1,214 @@
+"""Process-wide settings a script makes before its loop, which live in libraries, not in its variables.
+
+``torch.set_default_dtype(torch.float64)`` or ``logging.basicConfig(filename="train.log")`` at the
+top of ``main()`` runs once. A restore does not run it again (the statements before the safe
+point are done), and the new process starts with the libraries' defaults: tensors made after the
+restore would be float32, printed with another precision, and the log lines would go nowhere, a
+silent difference. So each checkpoint records these settings and a restore puts them back before
+the program continues:
+
+* torch: default dtype and device, print options, float32 matmul precision, TF32 and reduced-
+  precision flags, anomaly detection (the deterministic settings are the fingerprint's);
+* numpy: print options and floating-point error handling;
+* ``warnings`` filters, the recursion limit;
+* ``logging``: every configured logger's level, propagation, disabled flag and handlers (a
+  ``FileHandler`` keeps its file's lines and place, open_files.py), and ``logging.disable``.
+
+Only loggers the job configured are recorded: those whose level, handlers or flags differ from
+when the program began (`begin`), so handlers the host process had already (a test runner's
+capture, the service's own loggers ``backend.*`` and ``singularity_sdk.*``) are not. A handler
+that cannot be saved (a socket handler, a queue to another process) is left out with a
+``RuntimeWarning`` naming it, once; the new process's handlers for that logger stay as they are.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from typing import Any, Callable, Optional
+
+#: loggers of the service itself: configured by the worker, not the job
+_OWN_LOGGERS = ("backend", "singularity_sdk")
+#: each logger's configuration when the program began (or before a restore put the job's back)
+_start: dict[str, Any] = {"pid": None, "loggers": {}}
+_warned: set[tuple[str, int]] = set()
+
+
+def begin() -> None:
+    """Remember the loggers' configuration the program starts with: what the job changes is saved."""
+    _start["pid"] = os.getpid()
+    _start["loggers"] = {name: _signature(lg) for name, lg in _all_loggers().items()}
+
+
+def capture(probe: Callable[[Any], Optional[str]]) -> dict[str, Any]:
+    """The settings to put back; ``probe(obj)`` says why ``obj`` does not pickle (None if it does)."""
+    out: dict[str, Any] = {"recursion_limit": sys.getrecursionlimit(),
+                           "warnings": list(warnings.filters),
+                           "logging": _logging(probe)}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out["torch"] = _torch(torch)
+    np = sys.modules.get("numpy")
+    if np is not None and hasattr(np, "get_printoptions"):
+        out["numpy"] = {"print": dict(np.get_printoptions()), "err": dict(np.geterr())}
+    return out
+
+
+def apply(saved: Optional[dict[str, Any]]) -> None:
+    """Put the settings of a checkpoint back in this process (None: a checkpoint without them)."""
+    if not saved:
+        return
+    begin()  # what this process had before: the job's loggers put back below differ from it
+    sys.setrecursionlimit(max(saved["recursion_limit"], 100))
+    warnings.filters[:] = saved["warnings"]
+    warnings._filters_mutated()  # type: ignore[attr-defined]  # the cache the filters are read through
+    if "torch" in saved:
+        import torch
+
+        _apply_torch(torch, saved["torch"])
+    if "numpy" in saved:
+        import numpy as np
+
+        np.set_printoptions(**saved["numpy"]["print"])
+        np.seterr(**saved["numpy"]["err"])
+    _apply_logging(saved["logging"])
+
+
+# --------------------------------------------------------------------------- torch
+#: torch.backends attributes: the legacy flags, then newer torch's precision API. Reading a legacy
+#: flag after the new API was used raises (so it is not saved), and putting the legacy ones back
+#: first makes the new API's values, derived from them, equal (so they are not set: mixing the
+#: two APIs makes torch raise on the next read)
+_LEGACY_FLAGS = ("cuda.matmul.allow_tf32", "cudnn.allow_tf32", "cuda.matmul.allow_fp16_reduced_precision_reduction",
+                 "cuda.matmul.allow_bf16_reduced_precision_reduction")
+_PRECISION_FLAGS = ("fp32_precision", "cuda.matmul.fp32_precision", "cudnn.fp32_precision",
+                    "cudnn.conv.fp32_precision", "cudnn.rnn.fp32_precision", "mkldnn.fp32_precision",
+                    "mkldnn.matmul.fp32_precision", "mkldnn.conv.fp32_precision", "mkldnn.rnn.fp32_precision")
+
+
+def _backend_flag(torch: Any, path: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    *owner_path, attr = path.split(".")
+
+    def owner() -> Any:
+        o = torch.backends
+        for part in owner_path:
+            o = getattr(o, part)
+        return o
+
+    return (lambda: getattr(owner(), attr)), (lambda v: setattr(owner(), attr, v))
+
+
+def _torch_settings(torch: Any) -> dict[str, tuple[Callable[[], Any], Callable[[Any], None]]]:
+    """name -> (read, write) of each setting, in the order they are put back."""
+    opts = torch._tensor_str.PRINT_OPTS
+    out: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
+        "dtype": (torch.get_default_dtype, torch.set_default_dtype),
+        "print": (lambda: {k: getattr(opts, k) for k in ("precision", "threshold", "edgeitems", "linewidth", "sci_mode")},
+                  lambda v: torch.set_printoptions(**v)),
+        "anomaly": (lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+                    lambda v: torch.autograd.set_detect_anomaly(*v)),
+    }
+    if hasattr(torch, "get_default_device"):
+        out["device"] = (lambda: str(torch.get_default_device()),
+                         lambda v: torch.set_default_device(None if v == "cpu" else v))
+    out["matmul_precision"] = (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision)
+    for path in _LEGACY_FLAGS + _PRECISION_FLAGS:
+        out[f"backends.{path}"] = _backend_flag(torch, path)
+    return out
+
+
+def _torch(torch: Any) -> dict[str, Any]:
+    out = {}
+    for name, (read, _write) in _torch_settings(torch).items():
+        try:
+            out[name] = read()
+        except (AttributeError, RuntimeError):  # not in this torch, or unreadable after the new API
+            pass
+    return out
+
+
+def _apply_torch(torch: Any, saved: dict[str, Any]) -> None:
+    for name, (read, write) in _torch_settings(torch).items():
+        if name not in saved:
+            continue
+        try:
+            if read() == saved[name]:
+                continue
+        except (AttributeError, RuntimeError):
+            continue
+        try:
+            write(saved[name])
+        except (AttributeError, RuntimeError, ValueError) as exc:
+            warnings.warn(f"the job's torch setting {name}={saved[name]!r} could not be put back ({exc}); "
+                          f"results after the restore may differ", RuntimeWarning, stacklevel=3)
+
+
+# --------------------------------------------------------------------------- logging
+def _signature(logger: logging.Logger) -> tuple:
+    return logger.level, logger.propagate, logger.disabled, tuple(map(id, logger.handlers))
+
+
+def _all_loggers() -> dict[str, logging.Logger]:
+    loggers: dict[str, logging.Logger] = {"": logging.getLogger()}
+    loggers.update((name, lg) for name, lg in list(logging.Logger.manager.loggerDict.items())
+                   if isinstance(lg, logging.Logger))
+    return loggers
+
+
+def _changed_by_job(name: str, logger: logging.Logger) -> bool:
+    if name.split(".")[0] in _OWN_LOGGERS:
+        return False
+    if _start["pid"] != os.getpid():  # a forked child, or begin() was never called
+        begin()
+    started = _start["loggers"].get(name)
+    if started is None:  # made since the program began: by the job, or a library it imported
+        return bool(logger.handlers) or logger.level != logging.NOTSET or not logger.propagate or logger.disabled
+    return started != _signature(logger)
+
+
+def _logging(probe: Callable[[Any], Optional[str]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, logger in _all_loggers().items():
+        if not _changed_by_job(name, logger):
+            continue
+        handlers: Optional[list] = []
+        for handler in logger.handlers:
+            why = probe(handler)
+            if why is not None:
+                if (name, id(handler)) not in _warned:
+                    _warned.add((name, id(handler)))
+                    warnings.warn(f"the logging handler {handler!r} of logger {name or 'root'!r} cannot be saved "
+                                  f"({why}); after a restore that logger keeps the handlers the new process gives "
+                                  f"it", RuntimeWarning, stacklevel=3)
+                handlers = None
+                break
+            handlers.append(handler)
+        out[name] = {"level": logger.level, "propagate": logger.propagate, "disabled": logger.disabled,
+                     "handlers": handlers}
+    return {"disable": logging.Logger.manager.disable, "loggers": out}
+
+
+def _apply_logging(saved: dict[str, Any]) -> None:
+    logging.disable(saved["disable"])
+    for name, conf in saved["loggers"].items():
+        logger = logging.getLogger(name or None)
+        logger.setLevel(conf["level"])
+        logger.propagate = conf["propagate"]
+        logger.disabled = conf["disabled"]
+        if conf["handlers"] is None:
+            continue
+        for handler in conf["handlers"]:
+            _adopt(handler)
+        logger.handlers[:] = conf["handlers"]
+
+
+def _adopt(handler: logging.Handler) -> None:
+    """Register an unpickled handler as `logging.Handler.__init__` would, so that
+    ``logging.shutdown`` flushes and closes it at exit; a file handler's path follows its file."""
+    add = getattr(logging, "_addHandlerRef", None)
+    if add is not None:
+        add(handler)
+    stream = getattr(handler, "stream", None)
+    if isinstance(handler, logging.FileHandler) and stream is not None and isinstance(getattr(stream, "name", None), str):
+        handler.baseFilename = os.path.abspath(stream.name)
