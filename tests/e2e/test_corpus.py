@@ -45,6 +45,7 @@ SINGLE = {
     "random_dataset": ["--epochs", "3"],
     "open_log_files": ["--steps", "16"],
     "global_settings": ["--steps", "16"],
+    "config_module": ["--steps", "16"],
 }
 DDP_ARGS = ["--steps", "16"]  # ddp_main, 2 ranks
 NOT_BITWISE = {"tensorboard_writer": ("runs",)}  # compared through the scalars instead
@@ -113,7 +114,8 @@ def test_program_resumes_exactly_through_preemption_and_migration(two_nodes, pla
     assert len(nodes) == 1 + len(actions) and set(nodes) == {"node-1", "node-2"}  # it was stopped and moved
     skip = NOT_BITWISE.get(program, ())
     assert files_of(submitted, skip) == files_of(plain, skip)
-    assert set(files_of(plain, skip)) - {"train.py", "helpers.py", "data/x.csv"}  # it did save something
+    assert set(files_of(plain, skip)) - {"train.py", "helpers.py", "data/x.csv", "config.py",
+                                                                 "src/mylib.py"}  # it did save something
     if skip:
         expected_scalars = scalars(plain / "runs" / "exp")
         assert len(expected_scalars["train/loss"]) == int(SINGLE[program][1])

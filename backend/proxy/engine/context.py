@@ -49,6 +49,11 @@ def _ours(key: str) -> bool:
     return key in SERVICE_KEYS or key.startswith("SINGULARITY_")
 
 
+def job_folder() -> str:
+    """The folder the job started in: its own files, and the modules beside its script."""
+    return _baseline()["cwd"]
+
+
 def relative_path(path: str) -> tuple[str, bool]:
     """``path`` relative to the job's starting folder when inside it (then True), else as given:
     what still resolves when the folder is a synced copy at another path on another node."""
@@ -59,7 +64,7 @@ def relative_path(path: str) -> tuple[str, bool]:
 
 def resolve_path(path: str, relative: bool) -> str:
     """The absolute path of what `relative_path` returned, in this process's job folder."""
-    return os.path.join(_baseline()["cwd"], path) if relative else path
+    return os.path.normpath(os.path.join(_baseline()["cwd"], path)) if relative else path
 
 
 def capture() -> dict[str, Any]:
@@ -96,6 +101,29 @@ def carried_folder() -> Optional[_FolderRollback]:
         return _FolderRollback(folders.pack(folder))
     except (folders.WorkdirTooLarge, OSError) as exc:
         raise CheckpointFailure(f"the job's files cannot travel with the checkpoint: {exc}") from exc
+
+
+class _ImportPath:
+    """``sys.path`` in a checkpoint graph: unpickling it puts the job's entries back at once, before
+    the classes and functions of the modules they lead to are looked up."""
+
+    def __init__(self, entries: list[tuple[str, bool]]) -> None:
+        self.entries = entries
+
+    def __reduce__(self) -> tuple:
+        return restore_import_path, (self.entries,)
+
+
+def import_path() -> _ImportPath:
+    """``sys.path`` (entries inside the job's folder relative to it), for a checkpoint graph:
+    a script that did ``sys.path.insert(0, "src")`` before its loop still imports from ``src``."""
+    return _ImportPath([relative_path(p) if p else (p, False) for p in sys.path if isinstance(p, str)])
+
+
+def restore_import_path(entries: list[tuple[str, bool]]) -> None:
+    """The checkpoint's ``sys.path`` first, in its order, then this process's other entries."""
+    saved = [resolve_path(p, relative) if p else p for p, relative in entries]
+    sys.path[:] = saved + [p for p in sys.path if p not in saved]
 
 
 def roll_back_folder(data: bytes) -> None:

@@ -12,7 +12,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import context, libraries, process_settings, training_state
+from . import context, libraries, module_state, process_settings, training_state
 from ..checkpoint.errors import CheckpointError
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
@@ -239,6 +239,7 @@ class ResumableProgram:
         else:
             globals_ = namespace
         graph = None
+        module_state.begin()  # modules imported from here on may be the job's
         if restore is not None:
             if not self.has_safe_points:
                 raise CheckpointError(f"this program has no safe points, so it has no checkpoint to resume "
@@ -247,6 +248,7 @@ class ResumableProgram:
             graph = load_graph(restore, controller.rank, globals_, self.identity)
             context.restore(graph.get("context"))  # before rebuilds: they may read relative paths
             process_settings.apply(graph.get("process"))  # the settings the skipped statements made
+            module_state.apply(graph.get("modules"))  # config.lr = args.lr, counters in helper modules
         else:
             context.begin()
             process_settings.begin()

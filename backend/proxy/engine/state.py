@@ -39,6 +39,7 @@ import copyreg
 import functools
 import importlib.util
 import io
+import os
 import pickle
 import platform
 import sys
@@ -50,7 +51,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import cloudpickle
 
-from . import background, context, handles, iterators, lazy, libraries, open_files, process_settings, rng, training_state
+from . import (background, context, handles, iterators, lazy, libraries, module_state, open_files, process_settings, rng,
+               training_state)
 from ..checkpoint import digest, fingerprint
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
@@ -540,10 +542,12 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         # accelerate, in a one-rank job) created is created again first, as the load meets this
         "process_group": libraries.ProcessGroupMarker.now(),
         "folder": context.carried_folder(),  # before any open file: the load rolls the folder back first
+        "import_path": context.import_path(),  # before anything pickled by reference: its module may need it
         "process": process_settings.capture(probe),  # default dtype, print options, logging...: put back on restore
         "position": position,
         "namespace": namespace if in_locals else _without(namespace, rebuild),
         "locals": _without(saved_locals, rebuild) if in_locals else None,
+        "modules": module_state.capture(_job_folders(rt), probe),  # config.lr = args.lr: set again on restore
         "rng": rng.capture(full=True),
         "context": context.capture(),  # argv, cwd, env changes: redone by program.run on restore
         "rebuild": [{"index": i, "names": sorted(n)} for i, n in sorted(by_statement.items())],
@@ -555,6 +559,14 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         # last: refers back to the tensors and optimizers above (grads, a GradScaler's pending state)
         "tail": training_state.Tail(),
     }
+
+
+def _job_folders(rt: RuntimeView) -> list[str]:
+    """Where the job's own modules live: the folder it started in and its script's."""
+    folders = [context.job_folder()]
+    if not rt.program.filename.startswith("<"):
+        folders.append(os.path.dirname(os.path.abspath(rt.program.filename)))
+    return folders
 
 
 def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,

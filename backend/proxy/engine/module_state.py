@@ -1,0 +1,104 @@
+"""The state held in the job's own modules: ``config.lr = args.lr``, a counter in ``helpers.py``.
+
+Scripts keep settings and counters in modules beside them: ``import config`` then
+``config.batch_size = args.batch_size`` in ``main()``, or a ``helpers.py`` whose function bumps a
+module-level ``calls``. A restore imports those modules afresh, so their globals would be back at
+their import-time values: a silent difference. So a checkpoint records, for each module the program
+imported from the job's folder (any depth, also through a ``sys.path`` entry such as ``src/``; not
+``site-packages``, hidden folders or the service's own packages), its data globals, in the same
+pickle graph as the program's variables (objects they share stay shared), and the restore sets
+them again after the load.
+
+Not recorded: names starting with ``__``, modules, and the functions and classes the module
+defines (its import makes them again). A global that does not pickle and holds no progress (a
+lock, a logger, a thread pool: `handles.progress_free`) keeps what the import made; any other is
+left out with a ``RuntimeWarning`` naming it, once.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import types
+import warnings
+from typing import Any, Callable, Iterable, Optional
+
+from . import handles
+from .rewrite import PREFIX
+
+#: never recorded: the service's own packages (a job run from the service's checkout)
+_OWN = ("backend", "singularity_sdk", "jupyter_ext")
+_SKIPPED_DIRS = ("site-packages", "dist-packages", "__pycache__")
+_warned: set[tuple[str, str]] = set()
+#: the modules this process had before the program began (or its restore): not the job's
+_start: dict[str, Any] = {"pid": None, "modules": frozenset()}
+
+
+def begin() -> None:
+    """Called as the program starts or its restore begins: modules imported before are the host's
+    (the worker's, a test runner's), not the job's."""
+    _start["pid"] = os.getpid()
+    _start["modules"] = frozenset(sys.modules)
+
+
+def _inside(path: str, folders: list[str]) -> bool:
+    for folder in folders:
+        rel = os.path.relpath(path, folder)
+        if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+            continue
+        return not any(p.startswith(".") or p in _SKIPPED_DIRS for p in rel.split(os.sep)[:-1])
+    return False
+
+
+def job_modules(folders: Iterable[str]) -> dict[str, types.ModuleType]:
+    """The modules imported since the program began whose source file lies in one of ``folders``
+    (the job's own)."""
+    real = [os.path.realpath(f) for f in folders]
+    if _start["pid"] != os.getpid():  # a forked child, or begin() was never called
+        begin()
+    if not real:
+        return {}
+    out = {}
+    hosts = _start["modules"]
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if not path or name == "__main__" or name in hosts or name.partition(".")[0] in _OWN:
+            continue
+        if _inside(os.path.realpath(path), real):
+            out[name] = module
+    return out
+
+
+def _made_by_import(module: types.ModuleType, value: Any) -> bool:
+    if isinstance(value, types.ModuleType):
+        return True
+    return isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == module.__name__
+
+
+def capture(folders: Iterable[str], probe: Callable[[Any], Optional[str]]) -> dict[str, dict[str, Any]]:
+    """module name -> {global name: value} for the job's modules; ``probe(v)`` says why ``v``
+    does not pickle (None when it does)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, module in job_modules(folders).items():
+        saved = {}
+        for key, value in list(vars(module).items()):
+            if key.startswith("__") or key.startswith(PREFIX) or _made_by_import(module, value):
+                continue
+            why = probe(value)
+            if why is None:
+                saved[key] = value
+            elif not handles.progress_free(value) and (name, key) not in _warned:
+                _warned.add((name, key))
+                warnings.warn(f"{name}.{key} ({type(value).__name__}) cannot be saved ({why}); after a restore it "
+                              f"holds what importing {name} makes", RuntimeWarning, stacklevel=3)
+        if saved:
+            out[name] = saved
+    return out
+
+
+def apply(saved: Optional[dict[str, dict[str, Any]]]) -> None:
+    """Set the recorded globals again, importing a module the load did not need."""
+    for name, values in (saved or {}).items():
+        module = sys.modules.get(name) or importlib.import_module(name)
+        for key, value in values.items():
+            setattr(module, key, value)

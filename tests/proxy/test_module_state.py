@@ -1,0 +1,75 @@
+"""Globals of the job's own modules and its sys.path entries travel with a checkpoint."""
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+import threading
+
+import pytest
+
+from backend.proxy.engine import context, module_state
+from backend.proxy.engine.state import ProxyPickler, probe
+
+
+@pytest.fixture()
+def job_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "src"), *sys.path])
+    (tmp_path / "src").mkdir()
+    (tmp_path / "jobconfig.py").write_text("lr = 0.5\nseen = []\n")
+    (tmp_path / "src" / "jobhelpers.py").write_text(
+        "import threading\nimport jobconfig\nlock = threading.Lock()\ncalls = 0\n"
+        "def bump():\n    global calls\n    calls += 1\n    return calls\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    context.begin()
+    module_state.begin()
+    yield tmp_path
+    for name in ("jobconfig", "jobhelpers"):
+        sys.modules.pop(name, None)
+
+
+def dumps(obj) -> bytes:
+    buf = io.BytesIO()
+    ProxyPickler(buf, protocol=4).dump(obj)
+    return buf.getvalue()
+
+
+def test_module_globals_come_back_after_a_fresh_import(job_folder):
+    import jobconfig
+    import jobhelpers
+
+    jobconfig.lr = 0.01
+    jobconfig.seen.append("batch 0")
+    jobhelpers.bump(), jobhelpers.bump()
+    shared = jobconfig.seen
+    saved = dumps({"modules": module_state.capture([str(job_folder)], probe), "namespace": {"seen": shared}})
+    assert "bump" not in module_state.capture([str(job_folder)], probe)["jobhelpers"]  # made by the import
+
+    for name in ("jobconfig", "jobhelpers"):  # a new process imports them afresh
+        del sys.modules[name]
+    graph = pickle.loads(saved)
+    module_state.apply(graph["modules"])
+    import jobconfig as again
+    import jobhelpers as helpers_again
+
+    assert (again.lr, again.seen) == (0.01, ["batch 0"]) and helpers_again.bump() == 3
+    assert graph["namespace"]["seen"] is again.seen  # one object, as before
+    assert isinstance(helpers_again.lock, type(threading.Lock()))
+
+
+def test_modules_the_host_had_before_the_program_are_not_the_jobs(job_folder):
+    import jobconfig  # noqa: F401
+
+    module_state.begin()  # as if imported by the worker before the program started
+    assert "jobconfig" not in module_state.capture([str(job_folder)], probe)
+
+
+def test_a_sys_path_entry_inside_the_job_folder_resolves_on_another_node(job_folder, tmp_path_factory, monkeypatch):
+    saved = dumps(context.import_path())
+    elsewhere = tmp_path_factory.mktemp("other-node")
+    monkeypatch.chdir(elsewhere)
+    context.begin()
+    sys.path.remove(str(job_folder / "src"))
+    pickle.loads(saved)
+    assert sys.path[:2] == [str(elsewhere), str(elsewhere / "src")]  # the job's entries, in their order
