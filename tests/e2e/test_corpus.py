@@ -46,6 +46,7 @@ SINGLE = {
     "open_log_files": ["--steps", "16"],
     "global_settings": ["--steps", "16"],
     "config_module": ["--steps", "16"],
+    "progress_bars": ["--epochs", "3"],
 }
 DDP_ARGS = ["--steps", "16"]  # ddp_main, 2 ranks
 NOT_BITWISE = {"tensorboard_writer": ("runs",)}  # compared through the scalars instead

@@ -170,3 +170,29 @@ main()
     with lock:
         assert "held at the safe point" in (probe(lock) or "")
     assert probe(lock) is None
+
+
+def test_a_tqdm_bar_is_drawn_anew_with_its_count_settings_and_postfix():
+    import io
+    import pickle
+    import sys
+
+    from backend.proxy.engine.state import ProxyPickler
+
+    tqdm = pytest.importorskip("tqdm").tqdm
+
+    def round_trip(bar):
+        buf = io.BytesIO()
+        ProxyPickler(buf, protocol=4).dump(bar)
+        bar.close()
+        return pickle.loads(buf.getvalue())  # tqdm's own pickling would recurse forever here
+
+    bar = tqdm(total=40, desc="epoch 2", unit="batch", file=sys.stdout, mininterval=5)
+    bar.update(7)
+    bar.set_postfix(loss=0.25)
+    again = round_trip(bar)
+    assert (again.n, again.total, again.desc, again.unit, again.postfix) == (7, 40, "epoch 2", "batch", "loss=0.25")
+    assert again.fp._wrapped is sys.stdout and again.mininterval == 5
+    again.close()
+    quiet = round_trip(tqdm(range(3), disable=True))
+    assert quiet.disable and list(quiet) == [0, 1, 2]

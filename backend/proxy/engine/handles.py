@@ -5,6 +5,9 @@ of the job at all, so a restore may make them anew and stay exact:
 
 * a TensorBoard ``SummaryWriter`` is flushed when checkpointed and re-opened on restore on the
   same log folder (a new event file beside the old ones: TensorBoard reads them as one log);
+* a ``tqdm`` progress bar is drawn anew on restore with the same settings, its count and its
+  postfix (it writes to a terminal stream, which a pickled copy cannot hold: its own pickling
+  "succeeds" and then recurses forever on load);
 * a lock no thread holds is saved as a new lock, an ``Event`` as a new one in the same state,
   wherever they are (an attribute of a trainer, a local of ``main()``);
 * locks, events, conditions, thread pools and loggers (modules in `PROGRESS_FREE_MODULES`) may
@@ -42,7 +45,34 @@ def reduce(obj: Any) -> Any:
     if cls.__name__ == "SummaryWriter" and cls.__module__.startswith("torch.utils.tensorboard"):
         obj.flush()  # what was logged up to the checkpoint is on disk before it counts
         return _reopen_summary_writer, (cls, obj.log_dir, obj.max_queue, obj.flush_secs, obj.filename_suffix)
+    if _is_tqdm(cls):
+        return _new_tqdm, (cls, _tqdm_arguments(obj))
     return NotImplemented
+
+
+def _is_tqdm(cls: type) -> bool:
+    return any(c.__name__ == "tqdm" and c.__module__.startswith("tqdm") for c in cls.__mro__)
+
+
+#: tqdm's constructor arguments that it keeps as attributes of the same name
+_TQDM_SETTINGS = ("desc", "total", "leave", "ncols", "nrows", "mininterval", "maxinterval", "ascii", "unit",
+                  "unit_scale", "dynamic_ncols", "smoothing", "bar_format", "unit_divisor", "colour", "delay")
+
+
+def _tqdm_arguments(bar: Any) -> dict[str, Any]:
+    """What re-makes ``bar``: its settings (a disabled bar keeps only a few), count and output."""
+    kwargs = {k: getattr(bar, k) for k in _TQDM_SETTINGS if hasattr(bar, k)}
+    if not getattr(bar, "dynamic_miniters", True):
+        kwargs["miniters"] = bar.miniters
+    kwargs.update(iterable=bar.iterable, disable=bar.disable, initial=bar.n, postfix=getattr(bar, "postfix", None))
+    stream = getattr(getattr(bar, "fp", None), "_wrapped", None)
+    if stream is not None:
+        kwargs["file"] = stream  # sys.stdout / sys.stderr pickle as the new process's streams
+    return kwargs
+
+
+def _new_tqdm(cls: type, kwargs: dict[str, Any]) -> Any:
+    return cls(**kwargs)
 
 
 _LOCK = type(threading.Lock())
