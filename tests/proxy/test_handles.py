@@ -196,3 +196,12 @@ def test_a_tqdm_bar_is_drawn_anew_with_its_count_settings_and_postfix():
     again.close()
     quiet = round_trip(tqdm(range(3), disable=True))
     assert quiet.disable and list(quiet) == [0, 1, 2]
+
+
+def test_a_generator_gets_advice_that_fits_the_code_at_hand():
+    def forever(loader):
+        while True:
+            yield from loader
+
+    advice = handles.explain("batches", forever([1, 2]), probe, top_level=False)
+    assert "generator from forever()" in advice and "iter(loader)" in advice

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from backend.proxy.engine import context, open_files
+from backend.proxy.engine import context, handles, open_files
 from backend.proxy.engine.state import ProxyPickler
 
 
@@ -68,16 +68,22 @@ def test_a_read_file_resumes_at_its_place(job_folder):
     assert pickle.loads(saved).readline() == "row 3\n"
 
 
-def test_a_restore_puts_the_bytes_back_into_a_handle_its_header_truncated(job_folder):
-    log = open("log.txt", "w")
-    log.write("kept\n")
-    state = open_files.capture(log)
+def test_a_restore_goes_on_with_the_saved_handle_after_its_header_truncated_the_file(job_folder):
+    import csv
+
+    handles.install()  # as the program's run does: csv writers become ones that pickle
+    log = open("log.csv", "w", newline="")
+    rows = csv.writer(log)  # refers to the handle: it must go on writing where the log is
+    rows.writerow(["step", "loss"])
+    saved = dumps({"log": log, "rows": rows})
     log.close()
-    again = open("log.txt", "w")  # what re-running `with open("log.txt", "w") as log:` does
-    open_files.apply(again, state, "the with statement at line 1")
-    again.write("more\n")
-    again.close()
-    assert (job_folder / "log.txt").read_text() == "kept\nmore\n"
+    state = pickle.loads(saved)
+    fresh = open("log.csv", "w", newline="")  # what re-running `with open("log.csv", "w") as log:` does
+    log = open_files.take_over(fresh, state["log"], "the with statement at line 1")
+    assert log is state["log"] and fresh.closed
+    state["rows"].writerow([0, 0.5])
+    log.close()
+    assert (job_folder / "log.csv").read_bytes() == b"step,loss\r\n0,0.5\r\n"
 
 
 def test_what_cannot_be_reopened_is_refused_with_a_reason(job_folder):

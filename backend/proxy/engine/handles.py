@@ -8,6 +8,8 @@ of the job at all, so a restore may make them anew and stay exact:
 * a ``tqdm`` progress bar is drawn anew on restore with the same settings, its count and its
   postfix (it writes to a terminal stream, which a pickled copy cannot hold: its own pickling
   "succeeds" and then recurses forever on load);
+* a ``csv.writer`` (and so a ``csv.DictWriter``) made while the program runs is one of ours
+  (`install`), saved as its file and dialect and made again over the re-opened file;
 * a lock no thread holds is saved as a new lock, an ``Event`` as a new one in the same state,
   wherever they are (an attribute of a trainer, a local of ``main()``);
 * locks, events, conditions, thread pools and loggers (modules in `PROGRESS_FREE_MODULES`) may
@@ -18,13 +20,46 @@ Anything else that does not pickle is refused, with advice that names the attrib
 """
 from __future__ import annotations
 
+import csv
 import pickle
 import threading
+import types
 from typing import Any, Callable, Optional
 
 #: an unpicklable value of a type from these modules holds no progress: its statement may be re-run
 PROGRESS_FREE_MODULES = ("threading", "_thread", "concurrent.futures", "logging", "multiprocessing.synchronize",
                          "torch.utils.tensorboard")
+
+
+_csv_writer = csv.writer  # the C function `install` puts `CsvWriter` in front of
+
+
+class CsvWriter:
+    """What ``csv.writer(f, dialect, **fmtparams)`` returns while a program runs: the C writer
+    (whose rows go straight to its own methods), plus what makes it again on restore."""
+
+    def __init__(self, f: Any, dialect: Any = "excel", **fmtparams: Any) -> None:
+        self._made_from = (f, dialect, fmtparams)
+        self._writer = _csv_writer(f, dialect, **fmtparams)
+        self.writerow = self._writer.writerow
+        self.writerows = self._writer.writerows
+
+    @property
+    def dialect(self) -> Any:
+        return self._writer.dialect
+
+    def __reduce__(self) -> tuple:
+        return _new_csv_writer, self._made_from
+
+
+def _new_csv_writer(f: Any, dialect: Any, fmtparams: dict) -> CsvWriter:
+    return CsvWriter(f, dialect, **fmtparams)
+
+
+def install() -> None:
+    """Make ``csv.writer`` return a `CsvWriter` (``csv.DictWriter`` calls it too): the C writer
+    does not pickle, so a job writing a CSV log could not be checkpointed at all."""
+    csv.writer = CsvWriter  # type: ignore[assignment,misc]
 
 
 def progress_free(value: Any) -> bool:
@@ -108,19 +143,31 @@ def _reopen_summary_writer(cls: type, log_dir: str, max_queue: int, flush_secs: 
     return cls(log_dir=log_dir, max_queue=max_queue, flush_secs=flush_secs, filename_suffix=suffix)
 
 
-def explain(name: str, value: Any, probe: Callable[[Any], Optional[str]]) -> str:
-    """Advice for one variable that cannot be saved, naming the attribute that fails if there is one."""
+def explain(name: str, value: Any, probe: Callable[[Any], Optional[str]], top_level: bool = True) -> str:
+    """Advice for one variable that cannot be saved, naming the attribute that fails if there is
+    one; ``top_level``: the variable is the program's own (its statement could be re-run), not a
+    function's local."""
     path, culprit = _culprit(name, value, probe)
     kind = type(culprit).__name__
+    if isinstance(culprit, types.GeneratorType):
+        code = culprit.gi_code
+        return (f"`{path}` is a generator from {code.co_name}() (line {code.co_firstlineno}), and where a "
+                f"generator stopped cannot be saved; loop over the data with `for` instead (e.g. "
+                f"`for batch in loader:` inside `while True:`), or keep the position in an object: a class "
+                f"whose `__next__` calls `next(self.it)` on `self.it = iter(loader)` and makes a new "
+                f"`iter(loader)` on StopIteration (a live DataLoader iterator in an attribute is saved exactly)")
     if path != name:
         owner = type(value).__name__
         attr = path.rsplit(".", 1)[-1]
         return (f"`{path}` is a {kind}, which cannot be saved and holds state a re-created `{name}` would "
                 f"lose; give {owner} `__getstate__`/`__setstate__` methods that leave out `{attr}` and "
                 f"re-open it, or create `{attr}` inside the loop body and close it there")
-    if progress_free(value):
+    if progress_free(value) and top_level:
         return (f"`{name}` ({kind}) is re-created on restore only when one top-level statement that nothing "
                 f"reassigns creates it; create it that way, or `del {name}` before the loop")
+    if progress_free(value):
+        return (f"`{name}` ({kind}) holds no progress but, as a function's local, cannot be re-created on "
+                f"restore; create it at the top level of the script, or `del {name}` before the loop")
     return (f"`{name}` ({kind}) cannot be saved and re-creating it could resume differently; close it or "
             f"`del {name}` before the loop, or create and close it inside the loop body")
 

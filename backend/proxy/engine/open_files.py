@@ -19,6 +19,7 @@ import os
 import pickle
 import stat
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import IO, Any, Optional
 
@@ -26,6 +27,10 @@ from . import context
 
 #: above this, a written file's bytes are not copied into every checkpoint: the save is refused
 MAX_CONTENT_BYTES = 256 << 20
+
+
+#: files `reopen` made, with what they were made from (`take_over` puts the bytes back again)
+_reopened: "weakref.WeakKeyDictionary[Any, FileState]" = weakref.WeakKeyDictionary()
 
 
 class FileNotCarried(Exception):
@@ -63,9 +68,10 @@ def _writable(f: Any) -> bool:
         return False
 
 
-def capture(f: Any) -> FileState:
-    """The state of open file ``f`` (flushed first, so what it wrote is on disk). Raises
-    `FileNotCarried` for what cannot be re-opened."""
+def capture(f: Any, content: bool = True) -> FileState:
+    """The state of open file ``f`` (flushed first, so what it wrote is on disk); without
+    ``content`` only the checks, no bytes read. Raises `FileNotCarried` for what cannot be
+    re-opened."""
     name = getattr(f, "name", "?")
     try:
         fd = f.fileno()
@@ -85,32 +91,40 @@ def capture(f: Any) -> FileState:
                              f"it with a for loop, or re-open it inside the loop") from exc
     if path.endswith(" (deleted)"):
         raise FileNotCarried(f"the open file {name!r} was deleted from disk; a restore could not re-open it")
-    content = None
+    data = None
     if _writable(f):
         size = os.fstat(fd).st_size
         if size > MAX_CONTENT_BYTES:
             raise FileNotCarried(f"{name!r} is open for writing and holds {size >> 20} MiB, more than the "
                                  f"{MAX_CONTENT_BYTES >> 20} MiB a checkpoint copies; open it in append mode "
                                  f"inside the loop (`with open(path, 'a')` around each write)")
-        with open(f"/proc/self/fd/{fd}", "rb") as again:  # works for a write-only descriptor too
-            content = again.read()
+        if content:
+            with open(f"/proc/self/fd/{fd}", "rb") as again:  # works for a write-only descriptor too
+                data = again.read()
     rel, relative = context.relative_path(path)
     text = isinstance(f, io.TextIOWrapper)
-    return FileState(rel, relative, str(getattr(f, "mode", "rb")), position, content,
+    return FileState(rel, relative, str(getattr(f, "mode", "rb")), position, data,
                      f.encoding if text else None, f.errors if text else None, isinstance(f, io.FileIO))
 
 
-def apply(f: Any, state: FileState, where: str) -> None:
-    """Make ``f``, just opened again by a restore (``where`` says by what), hold what the
-    checkpoint held: the saved bytes, and the same position."""
-    now = capture_path(f)
+def take_over(fresh: Any, handle: Any, where: str) -> Any:
+    """A restore re-ran a with statement's header (``where``), which opened ``fresh`` (truncating
+    a ``"w"`` file); the checkpoint's own ``handle`` for that file, which whatever else held it
+    (a ``csv.writer``) refers to, continues instead: ``fresh`` is closed, and the bytes the load
+    put back are put back again, with the position."""
+    state = _reopened.get(handle)
+    now = capture_path(fresh)
+    fresh.close()
+    if state is None:
+        return handle
     if now is not None and now != state.absolute:
-        warnings.warn(f"{where} re-opened {now!r}, but at the checkpoint it had {state.absolute!r} open; "
-                      f"the saved contents are written to the file it opened now", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"{where} opened {now!r}, but at the checkpoint it had {state.absolute!r} open; the "
+                      f"job goes on with {state.absolute!r}", RuntimeWarning, stacklevel=3)
     if state.content is not None:
-        _put_back(f.fileno(), state.content, f)
+        _put_back(handle.fileno(), state.content, handle)
     if state.position >= 0:
-        f.seek(state.position)
+        handle.seek(state.position)
+    return handle
 
 
 def capture_path(f: Any) -> Optional[str]:
@@ -145,6 +159,7 @@ def reopen(state: FileState) -> IO:
         f = open(path, mode, encoding=state.encoding, errors=state.errors)
     if "a" not in mode and state.position >= 0:
         f.seek(state.position)
+    _reopened[f] = state
     return f
 
 

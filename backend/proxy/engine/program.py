@@ -12,7 +12,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import context, libraries, module_state, process_settings, training_state
+from . import context, handles, libraries, module_state, process_settings, training_state
 from ..checkpoint.errors import CheckpointError
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
@@ -232,6 +232,7 @@ class ResumableProgram:
         install_dormant()
         libraries.install(folder=self._folder())  # before the checkpoint loads: it may import a library trainer
         training_state.install()  # DataLoader iterators made from now on can be checkpointed
+        handles.install()  # and csv writers
         rt = Runtime(self, namespace, controller)
         if self.kind == "callable":
             globals_ = self._callable_globals(namespace)

@@ -238,8 +238,9 @@ class Runtime:
 
     def with_ctx(self, node: int, manager: Any) -> Any:
         """Each context manager of a with statement's header, as it is made: kept on the frame,
-        so a checkpoint can save the files it wrote; on restore, such a file (which running the
-        header again just truncated) gets its saved bytes and place back."""
+        so a checkpoint can save the files it wrote; on restore, the checkpoint's handle of such a
+        file (which running the header again just truncated) takes the new one's place, with its
+        saved bytes and position."""
         if self._elsewhere():
             return manager
         frame = self.stack[-1] if self.stack else None
@@ -252,7 +253,7 @@ class Runtime:
         line = self.program.nodes[node].line
         saved = frame.saved_files[index] if index < len(frame.saved_files) else None
         if saved is not None:
-            open_files.apply(manager, saved, f"the with statement at line {line}")
+            manager = frame.managers[index] = open_files.take_over(manager, saved, f"the with statement at line {line}")
         elif not (open_files.is_open_file(manager) and manager.writable()):
             warnings.warn(
                 f"restore re-entered the with statement at line {line}, which re-opened "

@@ -358,19 +358,21 @@ def _records(rt: RuntimeView, entries: list, boundary: Optional[int], last: int,
 
 
 def _with_files(frame: BlockFrame, line: int, failures: list[CheckpointFailure]) -> list:
-    """The state of each file a ``with`` header opened for writing, in item order (None for
-    other managers): the restore runs the header again, which truncates such a file."""
+    """The files a ``with`` header opened for writing, in item order (None for other managers),
+    saved as themselves (with their bytes, open_files.py): the restore runs the header again,
+    which truncates such a file, and then goes on with the saved handle, which is the one a
+    ``csv.writer`` made inside the block refers to."""
     out: list = []
     for manager in frame.managers:
+        saved = None
         if open_files.is_open_file(manager) and manager.writable():
             try:
-                out.append(open_files.capture(manager))
+                open_files.capture(manager, content=False)  # the checks only: the pickle reads the bytes
+                saved = manager
             except open_files.FileNotCarried as e:
                 failures.append(CheckpointFailure(f"the with statement at line {line} holds a file that "
                                                   f"cannot be saved: {e}"))
-                out.append(None)
-        else:
-            out.append(None)
+        out.append(saved)
     return out
 
 
@@ -408,25 +410,24 @@ def _variables(rt: RuntimeView) -> tuple[dict, Optional[dict]]:
 
 
 def _diagnose(namespace: dict, saved_locals: Optional[dict],
-              position: list[dict]) -> list[tuple[str, str, str, str]]:
-    """(where, name, type, error) of everything that does not pickle on its own."""
-    bad: list[tuple[str, str, str, str]] = []
+              position: list[dict]) -> list[tuple[str, str, Any, str]]:
+    """(where, name, value, error) of everything that does not pickle on its own."""
+    bad: list[tuple[str, str, Any, str]] = []
     for where, scope in (("namespace", namespace), ("locals", saved_locals or {})):
         for name, value in scope.items():
             err = probe(value)
             if err is not None:
-                bad.append((where, name, type(value).__name__, err))
+                bad.append((where, name, value, err))
     for rec in position:
         for name, value in rec.get("locals", {}).items():  # a call record: the callee's frame
             err = probe(value)
             if err is not None:  # never rebuilt: only top-level statements are re-run
-                bad.append((f"frame of the call at line {rec['line']}", name, type(value).__name__, err))
+                bad.append((f"frame of the call at line {rec['line']}", name, value, err))
         for key, label in (("current", "item"), ("source", "iterable")):
             if key in rec:
                 err = probe(rec[key])
                 if err is not None:
-                    bad.append(("loop", f"<{label} of the loop at line {rec['line']}>",
-                                type(rec[key]).__name__, err))
+                    bad.append(("loop", f"<{label} of the loop at line {rec['line']}>", rec[key], err))
     return bad
 
 
@@ -471,13 +472,13 @@ def _write_checkpoint(rt: RuntimeView, boundary: Optional[int], label: int,
         rest_locals = _without(saved_locals, rebuild) if saved_locals is not None else None
         stuck = []
         rebuild_scope = "locals" if saved_locals is not None else "namespace"
-        for where, name, type_name, err in _diagnose(rest_ns, rest_locals, position):
+        for where, name, value, err in _diagnose(rest_ns, rest_locals, position):
             mine = where == rebuild_scope
             # re-running the statement is exact only for values that hold no progress of the job
-            index = _rebuild_statement(rt, name, current) if mine and handles.progress_free(scope[name]) else None
+            index = _rebuild_statement(rt, name, current) if mine and handles.progress_free(value) else None
             if index is None:
-                advice = handles.explain(name, scope[name], probe) if mine else ""
-                stuck.append((name, type_name, err, advice))
+                advice = "" if where == "loop" else handles.explain(name, value, probe, top_level=mine)
+                stuck.append((name, type(value).__name__, err, advice))
             else:
                 rebuild[name] = index
                 rt.unpicklable_cache[name] = id(scope[name])

@@ -1,6 +1,8 @@
-# Logs kept open across the loop inside main(): a `with open(..., "w")` around it, and a metrics
-# file opened before it and closed after it. Both must read as the uninterrupted run's.
+# Logs kept open across the loop inside main(): a CSV table written through csv.DictWriter into
+# a `with open(..., "w")` around the loop, and a text log opened before it and closed after it.
+# Both must read as the uninterrupted run's.
 import argparse
+import csv
 import os
 import time
 
@@ -21,21 +23,22 @@ def main() -> None:
     y = x.sum(dim=1, keepdim=True)
     model = nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    metrics = open(os.path.join(args.out, "metrics.csv"), "w")
-    metrics.write("step,loss\n")
-    with open(os.path.join(args.out, "log.txt"), "w") as log:
-        log.write(f"training for {args.steps} steps\n")
+    log = open(os.path.join(args.out, "log.txt"), "w")
+    log.write(f"training for {args.steps} steps\n")
+    with open(os.path.join(args.out, "metrics.csv"), "w", newline="") as f:
+        table = csv.DictWriter(f, fieldnames=["step", "loss"])
+        table.writeheader()
         for step in range(args.steps):
             opt.zero_grad()
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
             opt.step()
+            table.writerow({"step": step, "loss": repr(loss.item())})
             log.write(f"step {step}: {loss.item():.10f}\n")
-            metrics.write(f"{step},{loss.item()!r}\n")
             print(f"step {step} loss {loss.item()!r}", flush=True)
             time.sleep(args.sleep)
-        log.write("done\n")
-    metrics.close()
+    log.write("done\n")
+    log.close()
     torch.save(model.state_dict(), os.path.join(args.out, "model.pt"))
 
 
