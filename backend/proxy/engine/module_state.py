@@ -30,6 +30,7 @@ from .rewrite import PREFIX
 _OWN = ("backend", "singularity_sdk", "jupyter_ext")
 _SKIPPED_DIRS = ("site-packages", "dist-packages", "__pycache__")
 _warned: set[tuple[str, str]] = set()
+_decided: dict[tuple[str, int, tuple[str, ...]], bool] = {}
 #: the modules this process had before the program began (or its restore): not the job's
 _start: dict[str, Any] = {"pid": None, "modules": frozenset()}
 
@@ -61,10 +62,15 @@ def job_modules(folders: Iterable[str]) -> dict[str, types.ModuleType]:
     out = {}
     hosts = _start["modules"]
     for name, module in list(sys.modules.items()):
-        path = getattr(module, "__file__", None)
-        if not path or name == "__main__" or name in hosts or name.partition(".")[0] in _OWN:
+        if name in hosts:
             continue
-        if _inside(os.path.realpath(path), real):
+        key = (name, id(module), tuple(real))
+        mine = _decided.get(key)
+        if mine is None:  # one realpath per module, not one per module per checkpoint
+            path = getattr(module, "__file__", None)
+            mine = _decided[key] = bool(path) and name != "__main__" and name.partition(".")[0] not in _OWN \
+                and _inside(os.path.realpath(path), real)
+        if mine:
             out[name] = module
     return out
 
