@@ -101,7 +101,7 @@ def shrunk_placement(placement: DeviceMap, p: int) -> DeviceMap:
 class RoundState:
     """Mutable state of one round; every change goes through the methods below."""
 
-    def __init__(self, snapshot: Snapshot, config: PolicyConfig):
+    def __init__(self, snapshot: Snapshot, config: PolicyConfig, previous: Optional[RoundState] = None):
         self.now = snapshot.now
         self.config = config
         self.free = FreeDevices(snapshot.nodes)
@@ -109,6 +109,9 @@ class RoundState:
         self.index = {n: i for i, n in enumerate(self.names)}
         self.size = np.array([self.free.size[n] for n in self.names], dtype=np.int64)
         self.nfree = np.array([len(self.free.free[n]) for n in self.names], dtype=np.int64)
+        #: what a category offers where no job counts (read-only: ``capacity`` hands it out)
+        self.nothing = np.zeros_like(self.nfree)
+        self.nothing.flags.writeable = False
         #: ``las_cats[k]``: the same counts over the jobs whose victim class (``RJob.las_victim``)
         #: is at least k; ``cats`` is ``las_cats[0]``, every job. What a waiting job of class c
         #: may take from its own tier is ``las_cats[c + las_take_gap]``
@@ -131,19 +134,27 @@ class RoundState:
         self.reserved: dict[str, DeviceMap] = {}
         #: jobs whose user is over a tier quota: the tier they run at this round
         self.demoted = over_quota(snapshot.jobs, snapshot.quotas)
-        self._read_jobs(snapshot.jobs)
+        #: (own tier, effective tier, W) -> (min_p, start_min): the config's, kept across rounds
+        self.mins: dict[tuple[SLA, SLA, int], tuple[int, int]] = {}
+        last: dict[str, RJob] = {}
+        if previous is not None and previous.config is config:
+            self.mins = previous.mins
+            if not previous.demoted and not self.demoted:
+                last = previous.jobs
+        self._read_jobs(snapshot.jobs, last)
         #: node index -> devices each category could free there (a view of ``las_cats``)
         self.cats = self.las_cats[0]
 
     # ------------------------------------------------------------------ reading the snapshot
 
-    def _read_jobs(self, views: tuple[JobView, ...]) -> None:
+    def _read_jobs(self, views: tuple[JobView, ...], last: dict[str, RJob]) -> None:
         # the hot loop of a round (every job, every round): locals only, no calls for the
-        # common case of a job on one node
+        # common case of a job on one node. ``last``: the previous round's jobs, whose waiting
+        # ones are taken over when their view is the same object (see ``_waiting_job``)
         now, cfg = self.now, self.config
         interval = cfg.min_move_interval_s
         horizon = cfg.aging_horizon_s
-        mins: dict[tuple[SLA, SLA, int], tuple[int, int]] = {}
+        mins = self.mins
         running_state = JobState.RUNNING
         queued, preempted = JobState.QUEUED, JobState.PREEMPTED
         basic, standard = SLA.BASIC, SLA.STANDARD
@@ -177,22 +188,16 @@ class RoundState:
                 waited = now - (moved if moved is not None else submitted)
             if sla == basic and aging >= horizon:
                 sla = standard  # aging (tiers module docstring)
-            sizes = mins.get((own, sla, gpus))
-            if sizes is None:
-                floor = min_devices(sla, gpus, cfg)
-                sizes = mins[(own, sla, gpus)] = (floor, min(floor, min_devices(own, gpus, cfg)))
-            min_p, start_min = sizes if v.elastic else (gpus, gpus)
-            ckpt = v.last_checkpoint_at
-            attained = v.attained_s
-            rank = rank_of[sla]
             if waiting:
-                las = bisect_right(thresholds, attained) if attained > 0.0 else 0
-                job = RJob(v, v.id, v.user, sla, rank, gpus, min_p, submitted,
-                           ckpt if ckpt is not None else submitted, {}, 0, False, False, start_min,
-                           waited, attained, las, las)
+                job = last.get(v.id)
+                if job is None or job.view is not v or job.sla is not sla or job.touched:
+                    job = self._waiting_job(v, own, sla, waited)
+                else:
+                    job.waited = waited
                 jobs[v.id] = job
                 waiting_jobs.append(job)
                 continue
+            rank = rank_of[sla]
             # placements are replaced, never mutated, so the view's dict can be shared
             placement = v.placement
             held = 0
@@ -206,6 +211,12 @@ class RoundState:
                 key = (rank, v.user)
                 held_by[key] = held_by.get(key, 0) + held
                 continue
+            sizes = mins.get((own, sla, gpus))
+            if sizes is None:
+                sizes = self._sizes(own, sla, gpus)
+            min_p, start_min = sizes if v.elastic else (gpus, gpus)
+            ckpt = v.last_checkpoint_at
+            attained = v.attained_s
             las = las_victim = 0
             if attained > 0.0:
                 las = bisect_right(thresholds, attained)
@@ -247,6 +258,30 @@ class RoundState:
             flat[np.fromiter(track.keys(), np.int64, len(track))] += np.fromiter(track.values(), np.int64, len(track))
             # per class -> at least that class
             self.las_cats[:] = np.cumsum(self.las_cats[::-1], axis=0)[::-1]
+
+    def _sizes(self, own: SLA, sla: SLA, gpus: int) -> tuple[int, int]:
+        """(min_p, start_min) of an elastic job of tier ``own``, treated as ``sla``, of W = ``gpus``."""
+        floor = min_devices(sla, gpus, self.config)
+        sizes = self.mins[(own, sla, gpus)] = (floor, min(floor, min_devices(own, gpus, self.config)))
+        return sizes
+
+    def _waiting_job(self, v: JobView, own: SLA, sla: SLA, waited: float) -> RJob:
+        """A waiting job read from its view. Most waiting jobs wait through many rounds with
+        the same view (the simulator keeps it until the job changes), and building their round
+        object was a tenth of a week's time: ``_read_jobs`` takes over last round's instead,
+        when it is the same view, untouched, at the same tier (no quota in either round), and
+        sets its wait, the only field that moves with the clock."""
+        gpus = v.gpus
+        sizes = self.mins.get((own, sla, gpus))
+        if sizes is None:
+            sizes = self._sizes(own, sla, gpus)
+        min_p, start_min = sizes if v.elastic else (gpus, gpus)
+        attained = v.attained_s
+        las = bisect.bisect_right(self.config.las_thresholds_s, attained) if attained > 0.0 else 0
+        ckpt = v.last_checkpoint_at
+        return RJob(v, v.id, v.user, sla, RANK[sla], gpus, min_p, v.submitted_at,
+                    ckpt if ckpt is not None else v.submitted_at, {}, 0, False, False, start_min,
+                    waited, attained, las, las)
 
     def _track(self, job: RJob, track: dict[int, int], base: int) -> None:
         """What taking back a job on several nodes would free, per node (added in bulk)."""
@@ -350,9 +385,9 @@ class RoundState:
         ``lower_min``: basic jobs count only from that victim class up (standard work's takes)."""
         if las is not None and CATEGORY[c][0] >= las[0]:
             k = las[1] + self.config.las_take_gap
-            return self.las_cats[k, c] if k < len(self.las_cats) else np.zeros_like(self.nfree)
+            return self.las_cats[k, c] if k < len(self.las_cats) else self.nothing
         if lower_min and CATEGORY[c][0] == 0:
-            return self.las_cats[lower_min, c] if lower_min < len(self.las_cats) else np.zeros_like(self.nfree)
+            return self.las_cats[lower_min, c] if lower_min < len(self.las_cats) else self.nothing
         return self.cats[c]
 
     def reclaim_candidates(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from operator import attrgetter
 from typing import Iterator, Optional
 
 import numpy as np
@@ -62,11 +63,18 @@ LAS_TAKE = {1: (SHRINK_BASIC, PREEMPT_BASIC, SHRINK_STANDARD), 0: (SHRINK_BASIC,
 #: a waiting job may shrink, then preempt, any non-premium job far above it in service (a
 #: job of a lower tier whatever its service), as Tiresias does for every job.
 LAS_ACROSS = (SHRINK_BASIC, PREEMPT_BASIC, SHRINK_STANDARD, PREEMPT_STANDARD)
+#: FIFO order of waiting jobs (a C-level key: every waiting job is sorted by it in every pass)
+_FIFO = attrgetter("submitted_at", "id")
 
 
 def singularity_policy(snapshot: Snapshot, config: PolicyConfig = PolicyConfig()) -> list[Action]:
     """One scheduling round: snapshot in, ordered actions out (pure)."""
-    state = RoundState(snapshot, config)
+    return _round(RoundState(snapshot, config))
+
+
+def _round(state: RoundState) -> list[Action]:
+    """The passes of one round over its read state; the actions in the order they apply."""
+    config = state.config
     if not state.names:
         return []
     passes = ((2,), (1, 0)) if config.las_across else ((2,), (1,), (0,))
@@ -91,13 +99,22 @@ class SingularityPolicy:
 
     def __init__(self, config: PolicyConfig = PolicyConfig()):
         self.config = config
+        #: the last round that ran to its end: its waiting jobs are read again without being
+        #: rebuilt when their views come back unchanged (``RoundState._waiting_job``); the
+        #: actions are the same as ``singularity_policy``'s
+        self._previous: Optional[RoundState] = None
 
     @property
     def min_move_interval_s(self) -> float:
         return self.config.min_move_interval_s
 
     def __call__(self, snapshot: Snapshot) -> list[Action]:
-        return singularity_policy(snapshot, self.config)
+        # taken, not shared: two rounds at once (or one that failed) never reuse the same jobs
+        previous, self._previous = self._previous, None
+        state = RoundState(snapshot, self.config, previous)
+        actions = _round(state)
+        self._previous = state
+        return actions
 
 
 class _Tier:
@@ -132,23 +149,28 @@ class _Tier:
         st = self.state
         cfg = st.config
         horizon = cfg.starvation_horizon_s
-        jobs = sorted(self.jobs, key=lambda j: (j.submitted_at, j.id))
+        held = st.held_by  # read directly: a hundred jobs a round go through this heap
+        jobs = sorted(self.jobs, key=_FIFO)
         yield from (j for j in jobs if j.waited >= horizon)
         groups: dict[tuple[int, int], dict[str, deque[RJob]]] = {}
         for j in jobs:
             if j.waited < horizon:
                 per_user = groups.setdefault((j.las if cfg.las_order else 0, -j.rank), {})
-                per_user.setdefault(j.user, deque()).append(j)
+                q = per_user.get(j.user)
+                if q is None:
+                    per_user[j.user] = deque((j,))
+                else:
+                    q.append(j)
         for (_, neg_rank), per_user in sorted(groups.items()):
             rank = -neg_rank
-            heap = [(st.held(rank, u), q[0].submitted_at, u) for u, q in per_user.items()]
+            heap = [(held.get((rank, u), 0), q[0].submitted_at, u) for u, q in per_user.items()]
             heapq.heapify(heap)
             while heap:
                 _, _, user = heapq.heappop(heap)
                 q = per_user[user]
                 yield q.popleft()
                 if q:
-                    heapq.heappush(heap, (st.held(rank, user), q[0].submitted_at, user))
+                    heapq.heappush(heap, (held.get((rank, user), 0), q[0].submitted_at, user))
 
     def hopeless(self) -> bool:
         """Nothing free and nothing these tiers may take: skip them without looking at jobs."""
@@ -240,7 +262,8 @@ class _Tier:
                     return True
             self.fail_floor[rank] = job.start_min
             self.fail_free = st.free.total
-        if self._las(rank) and job.start_min < self.fail_las.get((rank, job.las), 1 << 30):
+        # the failure records first: they are what turns most jobs away, at a dict lookup
+        if job.start_min < self.fail_las.get((rank, job.las), 1 << 30) and self._las(rank):
             cats = self._las_cats(rank)
             for p in divisors(job.gpus):
                 if p < job.start_min:

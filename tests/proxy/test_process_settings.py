@@ -6,6 +6,7 @@ import io
 import logging
 import pickle
 import socket
+import sys
 import warnings
 
 import numpy as np
@@ -108,3 +109,22 @@ def test_a_handler_that_cannot_be_saved_is_named_and_left_out(clean_process):
     finally:
         logging.getLogger("train").removeHandler(handler)
         a.close(), b.close()
+
+
+class Tee:
+    def __init__(self, terminal, copy):
+        self.terminal, self.copy = terminal, copy
+
+    def write(self, text):
+        self.copy.append(text)
+        return self.terminal.write(text)
+
+
+def test_a_replaced_stdout_comes_back_wrapping_the_new_process_stdout(clean_process, monkeypatch):
+    started = sys.stdout
+    monkeypatch.setattr(sys, "stdout", Tee(started, ["before\n"]))
+    saved = checkpoint()
+    sys.stdout = started  # a new process: its own stdout, as the program began
+    process_settings.apply(pickle.loads(saved))
+    tee = sys.stdout
+    assert isinstance(tee, Tee) and tee.terminal is started and tee.copy == ["before\n"]

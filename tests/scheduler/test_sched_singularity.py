@@ -308,3 +308,26 @@ def test_victims_displaced_by_premium_resume_on_spare_devices_elsewhere():
     assert len(preempted) == 8 and len(resumed) == 3
     assert all(set(a.placement) == {"node-1"} and "displaced" in a.reason for a in resumed)
     assert actions.index(next(a for a in actions if a.job_id == "p8")) < actions.index(resumed[0])
+
+
+
+def test_the_policy_object_reads_again_what_the_last_round_changed_or_demoted():
+    # SingularityPolicy takes over last round's untouched waiting jobs; a job that round placed
+    # (its actions not applied: the same views come back) or read under a quota is read afresh
+    from dataclasses import replace
+
+    from backend.scheduler.singularity import SingularityPolicy
+
+    cfg = PolicyConfig(basic_min_fraction=0.0)
+    jobs = [
+        running("s-run", S, 4, {"node-0": (0, 1, 2, 3)}, submitted_at=NOW - HOUR),
+        # over a standard quota it runs as basic, aged back to standard, but may start on 2
+        waiting("s-old", S, 8, user="a", submitted_at=NOW - 5 * HOUR),
+        waiting("p-1", P, 4, user="b", submitted_at=NOW - 60),
+    ]
+    snap = snapshot(NOW, {"node-0": 4, "node-1": 2, "node-2": 4}, jobs)
+    quota = replace(snap, quotas={("a", "standard"): 0})
+    policy = SingularityPolicy(cfg)
+    for s in (snap, snap, quota, snap, replace(snap, now=NOW + 600)):
+        assert policy(s) == singularity_policy(s, cfg)
+    assert by_job(policy(quota))["s-old"].placement == {"node-1": (0, 1)}

@@ -11,6 +11,9 @@ the program continues:
   precision flags, anomaly detection (the deterministic settings are the fingerprint's);
 * numpy: print options and floating-point error handling;
 * ``warnings`` filters, the recursion limit;
+* ``sys.stdout`` / ``sys.stderr`` when the job replaced them (a "tee" object that prints to the
+  terminal and a log file): the object is saved, and the streams it wraps, which were the
+  process's own at the start, stand for the new process's own (`start_stream_name`);
 * ``logging``: every configured logger's level, propagation, disabled flag and handlers (a
   ``FileHandler`` keeps its file's lines and place, open_files.py), and ``logging.disable``.
 
@@ -31,21 +34,39 @@ from typing import Any, Callable, Optional
 #: loggers of the service itself: configured by the worker, not the job
 _OWN_LOGGERS = ("backend", "singularity_sdk")
 #: each logger's configuration when the program began (or before a restore put the job's back)
-_start: dict[str, Any] = {"pid": None, "loggers": {}}
+_start: dict[str, Any] = {"pid": None, "loggers": {}, "streams": {}}
 _warned: set[tuple[str, int]] = set()
 
 
+_STREAMS = ("stdout", "stderr")
+
+
 def begin() -> None:
-    """Remember the loggers' configuration the program starts with: what the job changes is saved."""
+    """Remember the loggers' configuration and the standard streams the program starts with:
+    what the job changes is saved."""
     _start["pid"] = os.getpid()
     _start["loggers"] = {name: _signature(lg) for name, lg in _all_loggers().items()}
+    _start["streams"] = {name: getattr(sys, name) for name in _STREAMS}
+
+
+def start_stream_name(obj: Any) -> Optional[str]:
+    """"stdout" or "stderr" for the stream this process had there when the program began (a
+    job's tee object wraps it), else None; a restore pickles it as the new process's stream."""
+    for name, stream in (_start.get("streams") or {}).items():
+        if obj is stream:
+            return name
+    return None
 
 
 def capture(probe: Callable[[Any], Optional[str]]) -> dict[str, Any]:
     """The settings to put back; ``probe(obj)`` says why ``obj`` does not pickle (None if it does)."""
+    if _start["pid"] != os.getpid():  # a forked child, or begin() was never called
+        begin()
     out: dict[str, Any] = {"recursion_limit": sys.getrecursionlimit(),
                            "warnings": list(warnings.filters),
-                           "logging": _logging(probe)}
+                           "logging": _logging(probe),
+                           "streams": {name: getattr(sys, name) for name in _STREAMS
+                                       if getattr(sys, name) is not _start["streams"][name]}}
     torch = sys.modules.get("torch")
     if torch is not None:
         out["torch"] = _torch(torch)
@@ -73,6 +94,8 @@ def apply(saved: Optional[dict[str, Any]]) -> None:
         np.set_printoptions(**saved["numpy"]["print"])
         np.seterr(**saved["numpy"]["err"])
     _apply_logging(saved["logging"])
+    for name, stream in saved.get("streams", {}).items():
+        setattr(sys, name, stream)
 
 
 # --------------------------------------------------------------------------- torch
@@ -159,8 +182,6 @@ def _all_loggers() -> dict[str, logging.Logger]:
 def _changed_by_job(name: str, logger: logging.Logger) -> bool:
     if name.split(".")[0] in _OWN_LOGGERS:
         return False
-    if _start["pid"] != os.getpid():  # a forked child, or begin() was never called
-        begin()
     started = _start["loggers"].get(name)
     if started is None:  # made since the program began: by the job, or a library it imported
         return bool(logger.handlers) or logger.level != logging.NOTSET or not logger.propagate or logger.disabled

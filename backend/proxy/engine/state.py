@@ -112,7 +112,7 @@ def _std_stream_name(obj: Any) -> Optional[str]:
     for name in ("stdout", "stderr", "stdin"):
         if obj is getattr(sys, name, None) or obj is getattr(sys, f"__{name}__", None):
             return name
-    return None
+    return process_settings.start_stream_name(obj)  # what a job's tee object wraps
 
 
 class ClosedFile:
