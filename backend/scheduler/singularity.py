@@ -150,17 +150,23 @@ class _Tier:
         cfg = st.config
         horizon = cfg.starvation_horizon_s
         held = st.held_by  # read directly: a hundred jobs a round go through this heap
-        jobs = sorted(self.jobs, key=_FIFO)
-        yield from (j for j in jobs if j.waited >= horizon)
+        # one sweep in FIFO order sorts them out (a job's wait, class and user stay put in a round)
+        starving: list[RJob] = []
         groups: dict[tuple[int, int], dict[str, deque[RJob]]] = {}
-        for j in jobs:
-            if j.waited < horizon:
-                per_user = groups.setdefault((j.las if cfg.las_order else 0, -j.rank), {})
-                q = per_user.get(j.user)
-                if q is None:
-                    per_user[j.user] = deque((j,))
-                else:
-                    q.append(j)
+        for j in sorted(self.jobs, key=_FIFO):
+            if j.waited >= horizon:
+                starving.append(j)
+                continue
+            key = (j.las if cfg.las_order else 0, -j.rank)
+            per_user = groups.get(key)
+            if per_user is None:
+                per_user = groups[key] = {}
+            q = per_user.get(j.user)
+            if q is None:
+                per_user[j.user] = deque((j,))
+            else:
+                q.append(j)
+        yield from starving
         for (_, neg_rank), per_user in sorted(groups.items()):
             rank = -neg_rank
             heap = [(held.get((rank, u), 0), q[0].submitted_at, u) for u, q in per_user.items()]

@@ -104,3 +104,21 @@ def test_what_cannot_be_reopened_is_refused_with_a_reason(job_folder):
     with pytest.raises(pickle.PicklingError, match="was deleted"):
         dumps(gone)
     gone.close()
+
+
+def test_a_read_only_memmap_is_saved_as_its_file_not_its_bytes(job_folder):
+    import numpy as np
+
+    from backend.proxy.checkpoint.errors import CheckpointError
+
+    np.arange(100_000, dtype=np.uint16).tofile("train.bin")
+    tokens = np.memmap("train.bin", dtype=np.uint16, mode="r")
+    saved = dumps({"tokens": tokens, "window": tokens[10:20]})
+    assert len(saved) < 2_000  # the slice is copied (20 bytes); the 200 kB mapping is not
+    state = pickle.loads(saved)
+    assert isinstance(state["tokens"], np.memmap) and state["tokens"][12345] == 12345
+    assert list(state["window"]) == list(range(10, 20))
+    with open("train.bin", "ab") as f:
+        f.write(b"\0\0")  # the dataset changed since the checkpoint
+    with pytest.raises(CheckpointError, match="held 200000 bytes at the checkpoint and holds 200002"):
+        pickle.loads(saved)

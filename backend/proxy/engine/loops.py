@@ -126,7 +126,7 @@ class BlockFrame:
         self.node = node
         self.kind = kind
         self.managers: list = []  # a with statement's context managers, in item order
-        self.saved_files = saved_files or []  # on restore: the checkpoint's states of its written files
+        self.saved_files = saved_files or []  # on restore: the checkpoint's handles of the files it wrote
 
     def __enter__(self) -> "BlockFrame":
         self.rt.stack.append(self)

@@ -9,6 +9,9 @@ its whole contents as they are on disk after a flush; the restore puts those byt
 to the position. Reading files get their position back; their contents are the user's input and
 are not copied. A character device (``/dev/null``) is opened again by name.
 
+A read-only ``numpy.memmap`` of a whole file (a token dataset) is saved as the file's name, not its
+bytes, and mapped again on restore (refused then if the file's size changed).
+
 A file whose contents are larger than `MAX_CONTENT_BYTES` is refused with advice, as are streams
 that are not regular files (pipes, sockets, ttys): nothing can put them back where they were.
 """
@@ -161,6 +164,34 @@ def reopen(state: FileState) -> IO:
         f.seek(state.position)
     _reopened[f] = state
     return f
+
+
+def reduce_memmap(obj: Any) -> Any:
+    """A read-only ``numpy.memmap`` of a whole file (``np.memmap("train.bin", mode="r")``, a
+    dataset of tokens) is saved as the file's name, not as its bytes: a checkpoint would otherwise
+    copy the whole dataset every time. Others (writable, copy-on-write, slices): NotImplemented."""
+    import mmap
+
+    if getattr(obj, "mode", None) != "r" or not isinstance(obj.base, mmap.mmap) or not obj.filename:
+        return NotImplemented
+    path = os.path.realpath(obj.filename)
+    rel, relative = context.relative_path(path)
+    order = "F" if obj.flags.f_contiguous and not obj.flags.c_contiguous else "C"
+    return _reopen_memmap, (rel, relative, obj.dtype, obj.offset, obj.shape, order, os.path.getsize(path))
+
+
+def _reopen_memmap(path: str, relative: bool, dtype: Any, offset: int, shape: tuple, order: str, size: int) -> Any:
+    import numpy as np
+
+    from ..checkpoint.errors import CheckpointError
+
+    where = context.resolve_path(path, relative)
+    now = os.path.getsize(where) if os.path.exists(where) else None
+    if now != size:
+        raise CheckpointError(f"the job maps {where!r} (numpy.memmap), which held {size} bytes at the checkpoint and "
+                              f"{'is missing' if now is None else f'holds {now}'} here; restore it as it was, or "
+                              f"start the job over")
+    return np.memmap(where, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
 
 
 def reduce(obj: Any) -> Any:

@@ -254,7 +254,7 @@ class Runtime:
         saved = frame.saved_files[index] if index < len(frame.saved_files) else None
         if saved is not None:
             manager = frame.managers[index] = open_files.take_over(manager, saved, f"the with statement at line {line}")
-        elif not (open_files.is_open_file(manager) and manager.writable()):
+        else:  # a file read from (or, in a checkpoint older than open_files.py, written)
             warnings.warn(
                 f"restore re-entered the with statement at line {line}, which re-opened "
                 f"{getattr(manager, 'name', manager)!r}: reads through it start where the header leaves "

@@ -167,6 +167,10 @@ class ProxyPickler(cloudpickle.Pickler):
                 return open_files.reduce(obj)
             if not isinstance(obj, (io.BytesIO, io.StringIO)):  # those two pickle as they are
                 raise pickle.PicklingError(f"cannot save an open stream ({obj!r}) that is not a file on disk")
+        if t.__name__ == "memmap" and t.__module__ == "numpy":
+            reduced = open_files.reduce_memmap(obj)
+            if reduced is not NotImplemented:
+                return reduced
         if lazy.is_dataloader(obj):
             state = dict(obj.__dict__)
             state["_iterator"] = None  # a live persistent-workers iterator; recreated by iter()
