@@ -149,8 +149,11 @@ class RoundState:
 
     def _read_jobs(self, views: tuple[JobView, ...], last: dict[str, RJob]) -> None:
         # the hot loop of a round (every job, every round): locals only, no calls for the
-        # common case of a job on one node. ``last``: the previous round's jobs, whose waiting
-        # ones are taken over when their view is the same object (see ``_waiting_job``)
+        # common case of a job on one node. ``last``: the previous round's jobs. Most waiting
+        # jobs wait through many rounds with the same view (the simulator keeps it until the job
+        # changes), and building their round object was a tenth of a week's time: such a job is
+        # taken over from ``last`` when it is the same view, untouched, at the same tier (no quota
+        # in either round), and only its wait, which moves with the clock, is set again
         now, cfg = self.now, self.config
         interval = cfg.min_move_interval_s
         horizon = cfg.aging_horizon_s
@@ -190,10 +193,19 @@ class RoundState:
                 sla = standard  # aging (tiers module docstring)
             if waiting:
                 job = last.get(v.id)
-                if job is None or job.view is not v or job.sla is not sla or job.touched:
-                    job = self._waiting_job(v, own, sla, waited)
+                if job is not None and job.view is v and job.sla is sla and not job.touched:
+                    job.waited = waited  # taken over (see above): only its wait moved
                 else:
-                    job.waited = waited
+                    sizes = mins.get((own, sla, gpus))
+                    if sizes is None:
+                        sizes = self._sizes(own, sla, gpus)
+                    min_p, start_min = sizes if v.elastic else (gpus, gpus)
+                    ckpt = v.last_checkpoint_at
+                    attained = v.attained_s
+                    las = bisect_right(thresholds, attained) if attained > 0.0 else 0
+                    job = RJob(v, v.id, v.user, sla, rank_of[sla], gpus, min_p, submitted,
+                               ckpt if ckpt is not None else submitted, {}, 0, False, False, start_min,
+                               waited, attained, las, las)
                 jobs[v.id] = job
                 waiting_jobs.append(job)
                 continue
@@ -264,24 +276,6 @@ class RoundState:
         floor = min_devices(sla, gpus, self.config)
         sizes = self.mins[(own, sla, gpus)] = (floor, min(floor, min_devices(own, gpus, self.config)))
         return sizes
-
-    def _waiting_job(self, v: JobView, own: SLA, sla: SLA, waited: float) -> RJob:
-        """A waiting job read from its view. Most waiting jobs wait through many rounds with
-        the same view (the simulator keeps it until the job changes), and building their round
-        object was a tenth of a week's time: ``_read_jobs`` takes over last round's instead,
-        when it is the same view, untouched, at the same tier (no quota in either round), and
-        sets its wait, the only field that moves with the clock."""
-        gpus = v.gpus
-        sizes = self.mins.get((own, sla, gpus))
-        if sizes is None:
-            sizes = self._sizes(own, sla, gpus)
-        min_p, start_min = sizes if v.elastic else (gpus, gpus)
-        attained = v.attained_s
-        las = bisect.bisect_right(self.config.las_thresholds_s, attained) if attained > 0.0 else 0
-        ckpt = v.last_checkpoint_at
-        return RJob(v, v.id, v.user, sla, RANK[sla], gpus, min_p, v.submitted_at,
-                    ckpt if ckpt is not None else v.submitted_at, {}, 0, False, False, start_min,
-                    waited, attained, las, las)
 
     def _track(self, job: RJob, track: dict[int, int], base: int) -> None:
         """What taking back a job on several nodes would free, per node (added in bulk)."""

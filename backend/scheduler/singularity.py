@@ -100,7 +100,7 @@ class SingularityPolicy:
     def __init__(self, config: PolicyConfig = PolicyConfig()):
         self.config = config
         #: the last round that ran to its end: its waiting jobs are read again without being
-        #: rebuilt when their views come back unchanged (``RoundState._waiting_job``); the
+        #: rebuilt when their views come back unchanged (``RoundState._read_jobs``); the
         #: actions are the same as ``singularity_policy``'s
         self._previous: Optional[RoundState] = None
 
@@ -210,15 +210,17 @@ class _Tier:
     def place_waiting(self) -> None:
         if not self.jobs or self.hopeless():
             return
-        checked_at = len(self.state.actions)
+        actions = self.state.actions
+        horizon = self.state.config.starvation_horizon_s
+        checked_at = len(actions)
         for job in self.order():
             # the answer can only change when an action changed the cluster
-            if len(self.state.actions) != checked_at:
-                checked_at = len(self.state.actions)
+            if len(actions) != checked_at:
+                checked_at = len(actions)
                 if self.hopeless():
                     return
-            if not self._try(job) and job.view.nodes is None and self.reserve_left \
-                    and job.waited >= self.state.config.starvation_horizon_s:
+            # a hundred jobs a round fail their try: the rarest condition (starving) goes first
+            if not self._try(job) and job.waited >= horizon and self.reserve_left and job.view.nodes is None:
                 self.reserve_left = False
                 self._reserve(job)
 
@@ -268,7 +270,8 @@ class _Tier:
                     return True
             self.fail_floor[rank] = job.start_min
             self.fail_free = st.free.total
-        # the failure records first: they are what turns most jobs away, at a dict lookup
+        # the failure records before the flags, here and below: they turn most jobs away (two
+        # million tries on a week), at a dict lookup
         if job.start_min < self.fail_las.get((rank, job.las), 1 << 30) and self._las(rank):
             cats = self._las_cats(rank)
             for p in divisors(job.gpus):
@@ -285,7 +288,7 @@ class _Tier:
                     return True
             self.fail_las[(rank, job.las)] = job.start_min
             self.fail_free = st.free.total
-        if self._same_tier(rank) and job.start_min < self.fail_user.get(job.user, 1 << 30):
+        if job.start_min < self.fail_user.get(job.user, 1 << 30) and self._same_tier(rank):
             placement = reclaim(st, job, job.start_min, SAME_TIER)
             if placement is not None:
                 st.takes_left -= 1
