@@ -73,3 +73,10 @@ def test_a_sys_path_entry_inside_the_job_folder_resolves_on_another_node(job_fol
     sys.path.remove(str(job_folder / "src"))
     pickle.loads(saved)
     assert sys.path[:2] == [str(elsewhere), str(elsewhere / "src")]  # the job's entries, in their order
+
+
+def test_a_module_that_is_gone_is_a_clear_restore_error(job_folder):
+    from backend.proxy.checkpoint.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="module 'jobgone'.*cannot be imported here"):
+        module_state.apply({"jobgone": {"lr": 0.1}})

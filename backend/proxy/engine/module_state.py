@@ -24,6 +24,7 @@ import warnings
 from typing import Any, Callable, Iterable, Optional
 
 from . import handles
+from ..checkpoint.errors import CheckpointError
 from .rewrite import PREFIX
 
 #: never recorded: the service's own packages (a job run from the service's checkout)
@@ -105,6 +106,13 @@ def capture(folders: Iterable[str], probe: Callable[[Any], Optional[str]]) -> di
 def apply(saved: Optional[dict[str, dict[str, Any]]]) -> None:
     """Set the recorded globals again, importing a module the load did not need."""
     for name, values in (saved or {}).items():
-        module = sys.modules.get(name) or importlib.import_module(name)
+        module = sys.modules.get(name)
+        if module is None:
+            try:
+                module = importlib.import_module(name)
+            except ImportError as exc:
+                raise CheckpointError(f"the job's module {name!r}, whose state the checkpoint holds, cannot be "
+                                      f"imported here ({exc}); restore it beside the script (or on sys.path) as it "
+                                      f"was, or start the job over") from exc
         for key, value in values.items():
             setattr(module, key, value)
