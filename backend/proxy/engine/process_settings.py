@@ -83,7 +83,10 @@ def apply(saved: Optional[dict[str, Any]]) -> None:
     begin()  # what this process had before: the job's loggers put back below differ from it
     sys.setrecursionlimit(max(saved["recursion_limit"], 100))
     warnings.filters[:] = saved["warnings"]
-    warnings._filters_mutated()  # type: ignore[attr-defined]  # the cache the filters are read through
+    # the cache the filters are read through (renamed in newer Pythons)
+    mutated = getattr(warnings, "_filters_mutated", None) or getattr(warnings, "_filters_mutated_lock_held", None)
+    if mutated is not None:
+        mutated()
     if "torch" in saved:
         import torch
 
