@@ -146,6 +146,19 @@ class _RewritingLoader(importlib.machinery.SourceFileLoader):
         exec(code, module.__dict__)
 
 
+def in_job_folder(path: str, folders: Sequence[str]) -> bool:
+    """Whether the file at real ``path`` is the job's own: inside one of ``folders`` (real paths),
+    and not under a hidden folder, ``site-packages``/``dist-packages`` (a virtualenv in the
+    folder) or ``__pycache__``."""
+    for folder in folders:
+        rel = os.path.relpath(path, folder)
+        if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+            continue
+        return not any(p.startswith(".") or p in ("site-packages", "dist-packages", "__pycache__")
+                       for p in rel.split(os.sep)[:-1])
+    return False
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
         self.names: set[str] = set()
@@ -167,15 +180,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         return found
 
     def _user_source(self, origin: str) -> bool:
-        real = os.path.realpath(origin)
-        for folder in self.folders:
-            rel = os.path.relpath(real, folder)
-            if rel.startswith(os.pardir):
-                continue
-            parts = rel.split(os.sep)
-            return not any(p.startswith(".") or p in ("site-packages", "dist-packages", "__pycache__")
-                           for p in parts[:-1])
-        return False
+        return in_job_folder(os.path.realpath(origin), self.folders)
 
     def find_spec(self, fullname: str, path: Optional[Sequence[str]],
                   target: Optional[types.ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:

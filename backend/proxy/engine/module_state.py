@@ -24,12 +24,10 @@ import warnings
 from typing import Any, Callable, Iterable, Optional
 
 from . import handles
+from .libraries import OWN_PACKAGES, in_job_folder
 from ..checkpoint.errors import CheckpointError
 from .rewrite import PREFIX
 
-#: never recorded: the service's own packages (a job run from the service's checkout)
-_OWN = ("backend", "singularity_sdk", "jupyter_ext")
-_SKIPPED_DIRS = ("site-packages", "dist-packages", "__pycache__")
 _warned: set[tuple[str, str]] = set()
 _decided: dict[tuple[str, int, tuple[str, ...]], bool] = {}
 #: the modules this process had before the program began (or its restore): not the job's
@@ -41,15 +39,6 @@ def begin() -> None:
     (the worker's, a test runner's), not the job's."""
     _start["pid"] = os.getpid()
     _start["modules"] = frozenset(sys.modules)
-
-
-def _inside(path: str, folders: list[str]) -> bool:
-    for folder in folders:
-        rel = os.path.relpath(path, folder)
-        if rel == os.pardir or rel.startswith(os.pardir + os.sep):
-            continue
-        return not any(p.startswith(".") or p in _SKIPPED_DIRS for p in rel.split(os.sep)[:-1])
-    return False
 
 
 def job_modules(folders: Iterable[str]) -> dict[str, types.ModuleType]:
@@ -69,8 +58,8 @@ def job_modules(folders: Iterable[str]) -> dict[str, types.ModuleType]:
         mine = _decided.get(key)
         if mine is None:  # one realpath per module, not one per module per checkpoint
             path = getattr(module, "__file__", None)
-            mine = _decided[key] = bool(path) and name != "__main__" and name.partition(".")[0] not in _OWN \
-                and _inside(os.path.realpath(path), real)
+            mine = _decided[key] = bool(path) and name != "__main__" and name.partition(".")[0] not in OWN_PACKAGES \
+                and in_job_folder(os.path.realpath(path), real)
         if mine:
             out[name] = module
     return out
