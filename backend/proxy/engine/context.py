@@ -81,43 +81,34 @@ def capture() -> dict[str, Any]:
     }
 
 
-class _FolderRollback:
-    """The synced copy's files in a checkpoint graph: unpickling it puts them back at once."""
+class _OnLoad:
+    """A step of the restore put in a checkpoint graph: unpickling it runs ``fn(*args)`` at once,
+    before the parts of the graph that come after it are read."""
 
-    def __init__(self, data: bytes) -> None:
-        self.data = data
+    def __init__(self, fn: Any, *args: Any) -> None:
+        self.fn, self.args = fn, args
 
     def __reduce__(self) -> tuple:
-        return roll_back_folder, (self.data,)
+        return self.fn, self.args
 
 
-def carried_folder() -> Optional[_FolderRollback]:
+def carried_folder() -> Optional[_OnLoad]:
     """The synced copy's files, for a checkpoint graph (None when the job's folder is shared).
     Put before anything that may hold an open file: loading it rolls the copy back first."""
     folder = _carried["folder"]
     if folder is None:
         return None
     try:
-        return _FolderRollback(folders.pack(folder))
+        return _OnLoad(roll_back_folder, folders.pack(folder))
     except (folders.WorkdirTooLarge, OSError) as exc:
         raise CheckpointFailure(f"the job's files cannot travel with the checkpoint: {exc}") from exc
 
 
-class _ImportPath:
-    """``sys.path`` in a checkpoint graph: unpickling it puts the job's entries back at once, before
-    the classes and functions of the modules they lead to are looked up."""
-
-    def __init__(self, entries: list[tuple[str, bool]]) -> None:
-        self.entries = entries
-
-    def __reduce__(self) -> tuple:
-        return restore_import_path, (self.entries,)
-
-
-def import_path() -> _ImportPath:
+def import_path() -> _OnLoad:
     """``sys.path`` (entries inside the job's folder relative to it), for a checkpoint graph:
-    a script that did ``sys.path.insert(0, "src")`` before its loop still imports from ``src``."""
-    return _ImportPath([relative_path(p) if p else (p, False) for p in sys.path if isinstance(p, str)])
+    a script that did ``sys.path.insert(0, "src")`` before its loop still imports from ``src``;
+    loading it puts them back before the classes of the modules they lead to are looked up."""
+    return _OnLoad(restore_import_path, [relative_path(p) if p else (p, False) for p in sys.path if isinstance(p, str)])
 
 
 def restore_import_path(entries: list[tuple[str, bool]]) -> None:
