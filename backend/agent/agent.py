@@ -329,6 +329,8 @@ class Agent:
             await run.start()
             if exchange is not None:
                 asyncio.create_task(exchange.run(run.done))
+            if self.transfer is not None and any(r.rank == 0 for r in spec.ranks):  # checkpoints commit here
+                asyncio.create_task(self.transfer.stream(spec.job_id, spec.attempt).run(run.done))
         except Exception as exc:  # cannot even spawn: report as a failed rank so the job ends
             log.exception("could not start %s", spec.job_id)
             for rs in spec.ranks:

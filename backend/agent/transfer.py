@@ -10,6 +10,16 @@ number, and the store's ``FENCE`` file holds the newest attempt started; an uplo
 older attempt (a node that was presumed lost and came back) is refused instead of mixing an
 old timeline into the new one.
 
+The upload overlaps the write. While an attempt runs, a `Streamer` follows its staging folders
+and copies each rank file to ``streams/a<attempt>/ckpt-N/`` in the job's folder of the store as
+the worker writes it, hashing the bytes it sends. When the checkpoint commits, `upload` takes
+each streamed copy whose size, digest and file (inode) match the manifest, sends the few bytes
+still missing, moves it into ``ckpt-N/`` (a rename on a filesystem), uploads whatever was not
+streamed the old way, and puts the manifest last as before. A copy that does not match is
+dropped and the file is uploaded whole: the streamed bytes never reach a place a reader looks at
+unless they are exactly the committed ones. The stream folder is private to the attempt, so a
+fenced-off attempt that still streams cannot touch the checkpoints of the attempt after it.
+
 A data-parallel job whose ranks sit on several nodes writes each checkpoint in parts: every rank
 puts its own file into its node's cache, and a checkpoint commits only where one folder holds all
 of them. `PartExchange` brings them together: the agents of the nodes without rank 0 upload their
@@ -25,18 +35,27 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import threading
 import time
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import fsspec
 
+from backend.proxy.checkpoint import digest
 from backend.proxy.checkpoint.store import BLOB_DIR, MEETING_FILE, CheckpointStore, committed_step, staging_step
 
 log = logging.getLogger("singularity.agent")
 #: the store's folder (in the job's) for the parts of checkpoints that are not complete anywhere yet
 PARTS = "parts"
+#: the store's folder (in the job's) where rank files arrive while their worker writes them
+STREAMS = "streams"
+#: most bytes a stream moves in one turn, so that the files written side by side all progress
+STREAM_CHUNK = 8 << 20
+#: a rank file of a staging folder, while it is written (``.part``) and once it is complete
+_RANK_FILE = re.compile(r"^(rank-\d+\.pt)(\.part)?$")
 
 
 class StaleAttempt(Exception):
@@ -48,6 +67,8 @@ class CheckpointTransfer:
         self.fs, root = fsspec.core.url_to_fs(store_url)
         self.root = root.rstrip("/")
         self.cache_root = Path(cache_root)
+        #: job -> the streamer of its attempt running here (`stream`)
+        self._streamers: dict[str, Streamer] = {}
 
     def _job(self, job_id: str) -> str:
         return f"{self.root}/{job_id}"
@@ -66,19 +87,67 @@ class CheckpointTransfer:
         except (FileNotFoundError, ValueError):
             return 0
 
+    def stream(self, job_id: str, attempt: int) -> "Streamer":
+        """The streamer of ``attempt`` of ``job_id`` on this node (started by its ``run``): the
+        rank files its workers write go to the store while they are written, so that `upload`
+        has little left to send once a checkpoint commits."""
+        streamer = Streamer(self, job_id, attempt)
+        self._streamers[job_id] = streamer
+        return streamer
+
+    def _unregister(self, streamer: "Streamer") -> None:
+        if self._streamers.get(streamer.job_id) is streamer:
+            del self._streamers[streamer.job_id]
+
     def upload(self, job_id: str, attempt: int, local: Path) -> str:
-        """Copy one committed checkpoint folder to the store; returns its remote path."""
+        """Copy one committed checkpoint folder to the store; returns its remote path.
+
+        Rank files this attempt's streamer has been sending are finished and moved into place
+        when they are exactly the committed bytes; every other file is copied now; the manifest
+        goes last, so the checkpoint is complete in the store only once all of it is there."""
         newest = self._fenced(job_id)
         if attempt < newest:
             raise StaleAttempt(f"attempt {attempt} of {job_id} is stale (attempt {newest} has started)")
         remote = f"{self._job(job_id)}/{local.name}"
         self.fs.makedirs(remote, exist_ok=True)
-        files = sorted(p for p in local.iterdir() if p.is_file() and p.name != "manifest.json")
-        for f in files:
-            self.fs.put_file(str(f), f"{remote}/{f.name}")
+        entries = json.loads((local / "manifest.json").read_text()).get("files") or {}
+        streamer = self._streamers.get(job_id)
+        step = committed_step(local.name)
+        for f in _files(local):
+            rel = f.relative_to(local).as_posix()
+            stream = streamer.take(step, rel) if streamer is not None and streamer.attempt == attempt else None
+            if stream is not None and stream.complete(f, entries.get(rel)):
+                self.fs.mv(stream.path, f"{remote}/{rel}")
+                continue
+            if stream is not None:
+                stream.discard()
+            if "/" in rel:
+                self.fs.makedirs(f"{remote}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
+            self.fs.put_file(str(f), f"{remote}/{rel}")
         self.fs.put_file(str(local / "manifest.json"), f"{remote}/manifest.json")  # last: marks it complete
+        self._forget_streams(job_id, attempt, step)
         self._prune(job_id, keep=2)
         return remote
+
+    def _forget_streams(self, job_id: str, attempt: int, upto: Optional[int]) -> None:
+        """Stream folders of this attempt's checkpoints up to ``upto`` are uploaded now (or were
+        abandoned); those of older attempts can never be used."""
+        base = f"{self._job(job_id)}/{STREAMS}"
+        try:
+            attempts = self.fs.ls(base, detail=False)
+        except FileNotFoundError:
+            return
+        for entry in attempts:
+            name = os.path.basename(entry.rstrip("/"))
+            if not (name.startswith("a") and name[1:].isdigit()):
+                continue
+            if int(name[1:]) < attempt:
+                self.fs.rm(entry, recursive=True)
+            elif int(name[1:]) == attempt and upto is not None:
+                for ck in self.fs.ls(entry, detail=False):
+                    step = committed_step(os.path.basename(ck.rstrip("/")))
+                    if step is not None and step <= upto:
+                        self.fs.rm(ck, recursive=True)
 
     def _committed(self, job_id: str) -> list[str]:
         try:
@@ -113,9 +182,14 @@ class CheckpointTransfer:
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
             remote = f"{self._job(job_id)}/{name}"
-            for entry in self.fs.ls(remote, detail=False):
-                base = os.path.basename(entry.rstrip("/"))
-                self.fs.get_file(entry, str(staging / base))
+            for entry in self.fs.find(remote):
+                rel = entry[len(remote):].strip("/")
+                (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+                self.fs.get_file(entry, str(staging / rel))
+            if (why := _incomplete(staging)) is not None:
+                log.warning("%s of %s in the store is damaged and was not fetched: %s", name, job_id, why)
+                shutil.rmtree(staging, ignore_errors=True)
+                continue
             os.replace(staging, target)
         return local_job
 
@@ -126,6 +200,220 @@ class CheckpointTransfer:
     def clear(self, job_id: str) -> None:
         if self.fs.exists(self._job(job_id)):
             self.fs.rm(self._job(job_id), recursive=True)
+
+
+def _files(folder: Path) -> list[Path]:
+    """The files of a committed checkpoint folder, blobs included, the manifest left out (it goes last)."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p != folder / "manifest.json")
+
+
+def _incomplete(folder: Path) -> Optional[str]:
+    """Why a fetched checkpoint is not whole (a file missing or of another size than its manifest
+    says), else None. The digests are checked where the worker reads the bytes, not here: a pass
+    over them at the agent would cost as much as the fetch."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError) as exc:
+        return f"manifest.json: {exc}"
+    wanted = {n: e.get("bytes") for n, e in (manifest.get("files") or {}).items()}
+    wanted.update({f"{BLOB_DIR}/{n}": e.get("bytes") for n, e in (manifest.get("blobs") or {}).items()})
+    for name, nbytes in wanted.items():
+        try:
+            size = (folder / name).stat().st_size
+        except FileNotFoundError:
+            return f"{name} is missing"
+        if size != nbytes:
+            return f"{name} has {size} bytes, the manifest says {nbytes}"
+    return None
+
+
+class _Stream:
+    """One rank file on its way to the store while its worker writes it (the file is only ever
+    appended to, so the bytes below its current size are final)."""
+
+    def __init__(self, fs: Any, local: Path, remote: str) -> None:
+        self.fs, self.path = fs, remote
+        self.fd: Optional[int] = os.open(local, os.O_RDONLY)  # kept across the renames of the commit
+        try:
+            fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
+            self.out: Any = fs.open(remote, "wb")
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.hash = digest.new()
+        self.sent = 0
+
+    def pump(self, limit: int = STREAM_CHUNK) -> int:
+        """Send up to ``limit`` of the bytes written since the last turn; returns how many."""
+        assert self.fd is not None
+        data = os.pread(self.fd, limit, self.sent)
+        if data:
+            self.out.write(data)
+            self.hash.update(data)
+            self.sent += len(data)
+        return len(data)
+
+    def complete(self, local: Path, entry: Optional[dict[str, Any]]) -> bool:
+        """Send the rest of the committed file ``local``; whether the copy in the store is exactly
+        the file its manifest ``entry`` describes (same file, size and digest)."""
+        try:
+            if entry is None or digest.NAME not in entry or self.fd is None:
+                return False
+            mine, theirs = os.fstat(self.fd), os.stat(local)
+            if (mine.st_ino, mine.st_dev) != (theirs.st_ino, theirs.st_dev):
+                return False  # a new file of the same name: what was sent is another one's bytes
+            nbytes = int(entry["bytes"])
+            while self.sent < nbytes and self.pump(min(STREAM_CHUNK, nbytes - self.sent)):
+                pass
+            self.close()
+            return self.sent == nbytes == theirs.st_size and self.hash.hexdigest() == entry[digest.NAME]
+        except OSError as exc:
+            log.warning("streamed copy of %s unusable, uploading it whole: %s", local, exc)
+            return False
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+            self.out.close()
+
+    def discard(self) -> None:
+        """Close it and remove what was sent (best effort: a later upload removes leftovers)."""
+        self.close()
+        try:
+            self.fs.rm(self.path)
+        except (OSError, FileNotFoundError):
+            pass
+
+
+class Streamer:
+    """Sends the rank files that one attempt writes on this node to the store while they are
+    written, so that the upload of a checkpoint overlaps its write.
+
+    A thread polls the job's staging folders (a directory listing every ``poll_s``) and moves a
+    chunk of each file being written per turn, into ``streams/a<attempt>/ckpt-N/`` of the job's
+    folder in the store, where no reader looks. `CheckpointTransfer.upload` takes the copies
+    over once the checkpoint commits. The thread runs at a lower priority: during a periodic
+    checkpoint the training loop goes on and must keep its core. A step is streamed only while
+    the store's fence still names this attempt (checked once per step), and nothing streamed
+    counts until `upload` has matched it against the manifest.
+    """
+
+    def __init__(self, transfer: "CheckpointTransfer", job_id: str, attempt: int, poll_s: float = 0.02):
+        self.t, self.job_id, self.attempt, self.poll_s = transfer, job_id, attempt, poll_s
+        self.streams: dict[tuple[int, str], _Stream] = {}
+        self._seen: set[tuple[int, str]] = set()
+        self._fenced_ok: dict[int, bool] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> "Streamer":
+        self._thread = threading.Thread(target=self._loop, name=f"stream-{self.job_id}-a{self.attempt}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """End the thread and drop the copies no upload took (their checkpoints never committed)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            left, self.streams = list(self.streams.values()), {}
+        for s in left:
+            s.discard()
+        self.t._unregister(self)
+
+    async def run(self, done: asyncio.Event) -> None:
+        """Stream until the attempt's ranks here have exited."""
+        self.start()
+        try:
+            await done.wait()
+        finally:
+            await asyncio.to_thread(self.stop)
+
+    def take(self, step: Optional[int], name: str) -> Optional[_Stream]:
+        """The copy of ``name`` of checkpoint ``step``, no longer moved by the thread (the caller
+        finishes it), or None if there is none."""
+        with self._lock:
+            return self.streams.pop((step, name), None) if step is not None else None
+
+    def _loop(self) -> None:
+        _lower_priority()
+        while not self._stopping.is_set():
+            with self._lock:
+                try:
+                    self._follow()
+                except OSError as exc:
+                    log.warning("streaming checkpoints of %s: %s", self.job_id, exc)
+                moved = self._pump()
+            if not moved:
+                self._stopping.wait(self.poll_s)
+
+    def _follow(self) -> None:
+        """Start a stream for each rank file that appeared in a staging folder."""
+        local_job = self.t.cache_root / self.job_id
+        names = [p.name for p in _listing(local_job)]
+        entries = [(step, local_job / n) for n in names if (step := staging_step(n)) is not None]
+        live = {step for step, _ in entries} | {s for n in names if (s := committed_step(n)) is not None}
+        for key in [k for k in self.streams if k[0] not in live]:
+            self.streams.pop(key).discard()  # its write failed: that checkpoint will never commit
+        for step, folder in entries:
+            for p in _listing(folder):
+                m = _RANK_FILE.match(p.name)
+                if m is None or (step, m.group(1)) in self._seen:
+                    continue
+                if not self._may_stream(step):
+                    return
+                self._seen.add((step, m.group(1)))
+                self._open(step, folder, m.group(1))
+
+    def _may_stream(self, step: int) -> bool:
+        if step not in self._fenced_ok:
+            self._fenced_ok[step] = self.t._fenced(self.job_id) <= self.attempt
+            if not self._fenced_ok[step]:
+                log.warning("attempt %d of %s is stale: its checkpoint %d is not streamed", self.attempt,
+                            self.job_id, step)
+        return self._fenced_ok[step]
+
+    def _open(self, step: int, folder: Path, name: str) -> None:
+        remote = f"{self.t._job(self.job_id)}/{STREAMS}/a{self.attempt}/ckpt-{step:08d}/{name}"
+        for candidate in (folder / f"{name}.part", folder / name):  # renamed meanwhile: the second
+            try:
+                self.streams[(step, name)] = _Stream(self.t.fs, candidate, remote)
+                return
+            except FileNotFoundError:
+                continue
+
+    def _pump(self) -> int:
+        """One turn: a chunk of each stream. A stream that fails is dropped (its file is then
+        uploaded whole at the commit)."""
+        moved = 0
+        for key, s in list(self.streams.items()):
+            try:
+                moved += s.pump()
+            except OSError as exc:
+                log.warning("streaming %s of %s stopped: %s", key[1], self.job_id, exc)
+                del self.streams[key]
+                s.discard()
+        return moved
+
+
+def _listing(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def _lower_priority() -> None:
+    """This thread only (Linux: a thread id is a process id for setpriority) yields the CPU."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
 
 
 class PartExchange:
