@@ -1,0 +1,80 @@
+"""Through a store (``serve --store URL``), a migration's checkpoint is uploaded while the worker
+writes it (backend/agent/transfer.py, `Streamer`), the job ends exactly as an uninterrupted run,
+and a worker killed half-way through a streamed write resumes from the checkpoint before."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from exactness import run_plain, source, stdout_lines, wait_for_lines
+from backend.agent.transfer import STREAMS
+from singularity_sdk import EventType, JobState, LocalCluster
+
+#: the worker sleeps after its first write into a rank file: the moment to look at the store
+HOOK = {"SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE": "1.5"}
+ENV = {"STEPS": "200"}
+#: a few MB of state, so the rank file is more than a header
+CODE = "import os\nballast = os.urandom(4 << 20)\n" + source("steady_rng.py")
+
+
+def _streamed(store: Path, job_id: str) -> list[Path]:
+    return [p for p in (store / job_id / STREAMS).rglob("rank-*.pt") if p.stat().st_size > 0] \
+        if (store / job_id / STREAMS).exists() else []
+
+
+def _until_streamed(store: Path, job, timeout: float = 60.0) -> list[Path]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            found = _streamed(store, job.id)
+        except FileNotFoundError:  # moved into place between the listing and the stat
+            found = []
+        if found:
+            return found
+        time.sleep(0.01)
+    raise AssertionError("no rank file reached the store while it was written")
+
+
+def _node_of(job) -> str:
+    return job.refresh().placement[0].node
+
+
+def test_a_migration_through_the_store_uploads_while_the_worker_writes(tmp_path):
+    store = tmp_path / "store"
+    with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "h", store=store.as_uri()) as cluster, \
+            cluster.client() as client:
+        expected_lines, expected_result = run_plain(client, CODE, ENV)
+
+        job = client.submit(CODE, env={**ENV, **HOOK}, name="streamed-migration")
+        wait_for_lines(job, 5)
+        there = "node-2" if _node_of(job) == "node-1" else "node-1"
+        since = job.refresh().info.last_seq
+        job.migrate(there, wait=False)
+        _until_streamed(store, job)
+        # the worker is still inside its write: nothing of this checkpoint has been reported yet
+        assert not [e for e in job.events(since=since, follow=False) if e.type == EventType.CHECKPOINTED]
+        assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+        assert stdout_lines(job) == expected_lines and job.result() == expected_result
+        moved = [e for e in job.events(follow=False) if e.type == EventType.MIGRATED]
+        assert moved and moved[0].data["to"] == there
+
+        # kill -9 the worker half-way through a streamed write: its part in the store is never
+        # restored; the retry resumes from the checkpoint before, and the output stays exact
+        job = client.submit(CODE, env={**ENV, **HOOK}, name="killed-mid-stream")
+        wait_for_lines(job, 5)
+        job.checkpoint(timeout=60)
+        pid = next(int(p) for e in job.events(follow=False) if e.type == EventType.STARTED
+                   for p in e.data["pids"].values())
+        job.act("checkpoint")
+        _until_streamed(store, job)
+        os.kill(pid, signal.SIGKILL)
+        assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+        events = list(job.events(follow=False))
+        assert any(e.type == EventType.RETRYING for e in events)
+        resumed = [e for e in events if e.type == EventType.RESUMED]
+        assert resumed, "the retry restored from the checkpoint written before the kill"
+        after = [e.data["line"] for e in events if e.seq > resumed[-1].seq and e.type == EventType.LOG]
+        assert after and after == expected_lines[-len(after):]
+        assert job.result() == expected_result
