@@ -18,15 +18,20 @@ what they need, then serves requests for any target of the registry until the cl
 end of the socket.
 
 Wire format (a ``SOCK_SEQPACKET`` Unix socket pair, one message per packet): the client sends
-``{"id", "target", "argv", "env", "cwd"[, "umask"]}`` with three or four descriptors attached
+``{"id", "target", "argv", "env", "cwd"[, "umask"][, "sandbox"]}`` with three or four descriptors attached
 (SCM_RIGHTS): the child's stdin, stdout, stderr and, if given, a control pipe it finds at fd 3
 (``SINGULARITY_CONTROL_FD``). ``env`` is the child's whole environment. The server answers
 ``{"ready": true}`` once its imports are done, ``{"id", "pid"}`` once it forked (``pid`` -1 and
 an ``error`` if it refused), and ``{"id", "rc"}`` when the child exits (``rc`` as
 ``Popen.returncode``: negative for a signal).
 
+With ``"sandbox"`` (``{"mounts", "account"}``) the child first makes its job's sandbox
+(`backend.namespaces`): the child the server reports is then the sandbox's keeper, and its exit
+code is the worker's as bwrap reports it (``128 + N`` for a signal).
+
 This module is the server and the client side of that format; it imports nothing of the
-project but `backend.contract` (the targets are loaded by name, in the server). The clients:
+project but `backend.contract` and `backend.namespaces` (the targets are loaded by name, in
+the server). The clients:
 `ForkServer` here (synchronous; the launcher and the tests), and the agent's asyncio
 `backend.agent.spawner.Spawner`.
 """
@@ -47,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from backend import namespaces
 from backend.contract import ENV_CONTROL_FD, ENV_SANDBOXED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,6 +124,8 @@ def _child(request: dict[str, Any], fds: list[int], sock_fd: int) -> None:
         for fd in fds:
             if fd > len(fds) - 1:
                 os.close(fd)
+        if request.get("sandbox") is not None:  # returns in the sandbox's worker only
+            namespaces.enter(request["sandbox"]["mounts"], request["sandbox"].get("account"))
         os.chdir(request["cwd"])
         if request.get("umask") is not None:
             os.umask(request["umask"])  # the job's, not the service's 077
@@ -245,12 +253,16 @@ def server_process(targets: Sequence[str], env: Optional[dict[str, str]] = None,
 
 
 def send_request(sock: socket.socket, rid: str, target: str, argv: Sequence[str], env: dict[str, str],
-                 cwd: str, fds: Sequence[int], umask: Optional[int] = None) -> None:
+                 cwd: str, fds: Sequence[int], umask: Optional[int] = None,
+                 sandbox: Optional[dict[str, Any]] = None) -> None:
     """One request, with the child's descriptors (stdin, stdout, stderr[, control]) attached;
-    the caller closes its copies afterwards. Raises OSError if the server is gone."""
+    the caller closes its copies afterwards. Raises OSError if the server is gone. ``sandbox``:
+    ``{"mounts", "account"}`` for `backend.namespaces.enter`, made before anything else runs."""
     request: dict[str, Any] = {"id": rid, "target": target, "argv": list(argv), "env": env, "cwd": cwd}
     if umask is not None:
         request["umask"] = umask
+    if sandbox is not None:
+        request["sandbox"] = sandbox
     sock.sendmsg([json.dumps(request).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
 
 
@@ -326,9 +338,10 @@ class ForkServer:
                 self._cond.notify_all()
 
     def start(self, target: str, argv: Sequence[str], env: dict[str, str], cwd: str, stdout: str,
-              stderr: str) -> ForkedProcess:
+              stderr: str, sandbox: Optional[dict[str, Any]] = None) -> ForkedProcess:
         """Fork ``target``'s main(argv) with the whole environment ``env``, stdin from
-        /dev/null and stdout/stderr written to the files ``stdout`` and ``stderr``."""
+        /dev/null and stdout/stderr written to the files ``stdout`` and ``stderr`` (in
+        ``sandbox``, as `send_request` says)."""
         with self._cond:
             self._n += 1
             rid = str(self._n)
@@ -337,7 +350,7 @@ class ForkServer:
             for path in (stdout, stderr):
                 fds.append(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
             with self._send_lock:
-                send_request(self._sock, rid, target, argv, env, cwd, fds)
+                send_request(self._sock, rid, target, argv, env, cwd, fds, sandbox=sandbox)
         finally:
             for fd in fds:  # the child has its copies
                 os.close(fd)

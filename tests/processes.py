@@ -16,3 +16,25 @@ def pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def started_as(job) -> dict[str, str]:
+    """How each rank of the job's last attempt began, from its started event: ``fork`` (of the
+    node's warm spawner) or ``fresh`` (interpreter), with ``+sandbox`` when sandboxed."""
+    from singularity_sdk import EventType
+
+    return [e for e in job.events(follow=False) if e.type == EventType.STARTED][-1].data["spawn"]
+
+
+def until_workers_fork(client, timeout: float = 120) -> None:
+    """Run trivial jobs until one starts as a fork of the warm spawner (it warms up in the
+    background; the first workers of a node start fresh)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        probe = client.submit("print('warm?')", name="warm-up")
+        probe.wait(60)
+        if started_as(probe)["0"].startswith("fork"):
+            return
+        assert time.monotonic() < deadline, f"no worker began as a fork: {started_as(probe)}"

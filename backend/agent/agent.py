@@ -97,8 +97,13 @@ class Agent:
         self.hidden = tuple({default_home(), home, checkpoint_root,
                              *([home.parent.parent] if home.parent.name == "agents" else [])})
         #: forks workers from a process that already imported torch (SINGULARITY_WARM_WORKERS=0: off);
-        #: a sandboxed worker starts fresh, in namespaces of its own
-        warm = os.environ.get(WARM_ENV, "1") != "0" and self.bwrap is None and self.sandbox_refusal is None
+        #: a fork makes its own sandbox (backend/namespaces.py) where the kernel lets it, else a
+        #: sandboxed worker starts fresh under bwrap
+        warm = os.environ.get(WARM_ENV, "1") != "0" and self.sandbox_refusal is None
+        if warm and self.bwrap is not None and (why := sandbox.forks_can_sandbox()) is not None:
+            log.warning("sandboxed workers start as fresh interpreters (1-2 s each): a fork of the warm spawner "
+                        "cannot make its own sandbox here: %s", why)
+            warm = False
         self.spawner: Optional[Spawner] = Spawner() if warm else None
         self.outbox = Outbox()
         self.runs: dict[str, JobRun] = {}

@@ -20,8 +20,10 @@ parts that are easy to get wrong (mount propagation, a reaping pid 1, dying with
 - everything else (the Python installation, the network) as on the host.
 
 ``SINGULARITY_SANDBOX``: ``auto`` (default: bwrap when it works here, else no sandbox and a
-warning), ``bwrap`` (required: a worker does not start without it), ``off``. A sandboxed
-worker starts as a fresh interpreter: a fork of the warm spawner would share its namespaces.
+warning), ``bwrap`` (required: a worker does not start without it), ``off``. Once the warm
+spawner is ready, a worker is a fork of it that makes the same sandbox itself
+(`backend.namespaces`, from the same `plan`), where `forks_can_sandbox` says that works here;
+until then, and where it does not, a sandboxed worker is a fresh interpreter under bwrap.
 """
 from __future__ import annotations
 
@@ -32,8 +34,10 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Collection, Iterable, Optional
+from typing import Any, Collection, Iterable, Optional
 
 from singularity_sdk.config import SANDBOX_ENV, TOKEN_ENV
 
@@ -66,6 +70,18 @@ def _bwrap_works(bwrap: str) -> Optional[str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
     return None if done.returncode == 0 else done.stderr.decode(errors="replace").strip()
+
+
+@functools.lru_cache(maxsize=None)
+def forks_can_sandbox() -> Optional[str]:
+    """None when a fork of the warm spawner can make its own sandbox here (`backend.namespaces`:
+    the kernel allows the namespaces and mounts it needs), else why not."""
+    try:
+        done = subprocess.run([sys.executable, "-m", "backend.namespaces"], capture_output=True, timeout=30,
+                              cwd=Path(__file__).resolve().parents[2])
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return None if done.returncode == 0 else done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
 
 
 def choose(mode: Optional[str] = None) -> Optional[str]:
@@ -104,37 +120,63 @@ def gpu_files_to_mask(own: Optional[Collection[int]], dev: Path = Path("/dev")) 
     return sorted(dev / n for n in names if (m := _GPU_FILE.fullmatch(n)) and int(m.group(1)) not in own)
 
 
-def command(bwrap: str, argv: list[str], hidden: Iterable[Path], visible: Iterable[Path],
-            info_fd: int, masked: Iterable[Path] = (), account: Optional[Account] = None) -> list[str]:
-    """``argv`` wrapped in bwrap: ``hidden`` folders covered, ``visible`` ones (inside them)
-    mounted back, ``masked`` device files made unopenable; the sandbox's pid is written to
-    ``info_fd`` as JSON ``{"child-pid": N}``, and it leads its own process group (signal that
-    one, not bwrap's).
+@dataclass(frozen=True)
+class Mount:
+    """One step of a sandbox's file system, in order: ``tmpfs`` (cover a folder with an empty
+    one), ``dir`` (make a folder inside a cover), ``bind`` / ``ro-bind`` (mount a path back at
+    the same place), ``mask`` (a read-only, ``nodev`` /dev/null over a device file)."""
 
-    With ``account`` (accounts.py) the command runs as that account, the folders on the way to
-    the visible ones and to Python and this package that it cannot pass are covered too, and
-    Python and this package are mounted back read-only (an interpreter under /root)."""
-    out = [bwrap, "--die-with-parent", "--unshare-pid", "--new-session", "--info-fd", str(info_fd),
-           "--dev-bind", "/", "/", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/dev/shm"]
+    kind: str
+    path: str
+    #: permissions of a ``tmpfs`` or ``dir`` (None: 0755)
+    mode: Optional[int] = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The form `backend.namespaces.enter` takes (it travels in a fork server request)."""
+        return {"kind": self.kind, "path": self.path, **({"mode": self.mode} if self.mode is not None else {})}
+
+
+def plan(hidden: Iterable[Path], visible: Iterable[Path], masked: Iterable[Path] = (),
+         account: Optional[Account] = None) -> list[Mount]:
+    """A worker's file system: its own ``/dev/shm``, ``hidden`` folders covered, ``visible``
+    ones (inside them) mounted back, ``masked`` device files made unopenable.
+
+    With ``account`` (accounts.py) the folders on the way to the visible ones and to Python and
+    this package that it cannot pass are covered too, and Python and this package are mounted
+    back read-only (an interpreter under /root). bwrap (`command`) and a fork of the warm
+    spawner (`backend.namespaces`) both make exactly this."""
+    mounts = [Mount("tmpfs", "/dev/shm", 0o1777)]
     visible = sorted({Path(p).resolve() for p in visible if Path(p).exists()})
-    covered: list[Path] = []
+    unreachable: list[Path] = []
     binds: list[tuple[str, Path]] = []
     if account is not None:
         code = accounts.code_folders()
-        covered += _outermost(accounts.out_of_reach(account, [*visible, *code]))
-        binds += [("--ro-bind", path) for path in code]
-    covered += _outermost(hidden)
-    binds += [("--bind", path) for path in visible]
-    for path in covered:
-        out += ["--tmpfs", str(path)]
-    for flag, path in binds:
-        if account is not None:  # the folders bwrap makes on the way are 0700: let the account pass
+        unreachable = accounts.out_of_reach(account, [*visible, *code])
+        binds += [("ro-bind", path) for path in code]
+    covered = _outermost([*unreachable, *hidden])
+    binds += [("bind", path) for path in visible]
+    mounts += [Mount("tmpfs", str(path)) for path in covered]
+    for kind, path in binds:
+        if account is not None:  # the folders made on the way are 0700: let the account pass
             for folder in reversed(path.parents):
                 if any(c == folder or c in folder.parents for c in covered):
-                    out += ["--perms", "0755", "--dir", str(folder)]
-        out += [flag, str(path), str(path)]
-    for path in masked:
-        out += ["--ro-bind", os.devnull, str(path)]
+                    mounts.append(Mount("dir", str(folder), 0o755))
+        mounts.append(Mount(kind, str(path)))
+    return mounts + [Mount("mask", str(path)) for path in masked]
+
+
+def command(bwrap: str, argv: list[str], mounts: Iterable[Mount], info_fd: int,
+            account: Optional[Account] = None) -> list[str]:
+    """``argv`` in a bwrap sandbox made of ``mounts`` (`plan`), as ``account`` if given; the
+    sandbox's pid is written to ``info_fd`` as JSON ``{"child-pid": N}``, and it leads its own
+    process group (signal that one, not bwrap's)."""
+    out = [bwrap, "--die-with-parent", "--unshare-pid", "--new-session", "--info-fd", str(info_fd),
+           "--dev-bind", "/", "/", "--proc", "/proc"]
+    for m in mounts:
+        if m.mode is not None:
+            out += ["--perms", f"{m.mode:04o}"]
+        out += {"tmpfs": ["--tmpfs", m.path], "dir": ["--dir", m.path], "bind": ["--bind", m.path, m.path],
+                "ro-bind": ["--ro-bind", m.path, m.path], "mask": ["--ro-bind", os.devnull, m.path]}[m.kind]
     return out + ["--", *(account.become() if account is not None else []), *argv]
 
 

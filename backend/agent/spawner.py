@@ -17,11 +17,11 @@ import logging
 import os
 import signal
 import socket
-from typing import Optional
+from typing import Any, Optional
 
 from backend import forkserver
 
-from .sandbox import JOB_UMASK_ENV
+from .sandbox import JOB_UMASK_ENV, SECRET_ENV
 
 log = logging.getLogger("singularity.agent")
 
@@ -61,7 +61,9 @@ class Spawner:
         self._listener: Optional[asyncio.Task] = None  # held so the reading task is not collected
 
     async def start(self) -> None:
-        mine, theirs, command, env = forkserver.server_process([TARGET], with_parent=True)
+        # A fork's /proc/self/environ is the zygote's first environment: no credential in it.
+        clean = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        mine, theirs, command, env = forkserver.server_process([TARGET], env=clean, with_parent=True)
         self._sock = mine
         self._proc = await asyncio.create_subprocess_exec(
             *command, pass_fds=(theirs.fileno(),), stdin=asyncio.subprocess.DEVNULL, env=env)
@@ -107,8 +109,9 @@ class Spawner:
         return self._ready
 
     async def spawn(self, argv: list[str], env: dict[str, str], cwd: str, control_fd: int,
-                    limit: int) -> Optional[WarmProcess]:
-        """Fork a worker (``python -m backend.worker ARGV`` as it would have run), or None."""
+                    limit: int, sandbox: Optional[dict[str, Any]] = None) -> Optional[WarmProcess]:
+        """Fork a worker (``python -m backend.worker ARGV`` as it would have run), or None; in
+        ``sandbox`` (``{"mounts", "account"}``, see `backend.namespaces`) if given."""
         if not self._ready or self._sock is None:
             return None
         loop = asyncio.get_running_loop()
@@ -121,7 +124,7 @@ class Spawner:
         exited = self._exits[rid] = loop.create_future()
         try:
             forkserver.send_request(self._sock, rid, TARGET, argv, env, cwd, [in_r, out_w, err_w, control_fd],
-                                    umask=_umask(env))
+                                    umask=_umask(env), sandbox=sandbox)
         except OSError as exc:
             log.warning("could not hand a worker to the spawner (%s); starting a fresh process", exc)
             for fd in (in_w, out_r, err_r):

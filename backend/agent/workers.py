@@ -31,7 +31,7 @@ from singularity_sdk.protocol import DeviceInfo, EventType, StartJob
 from . import accounts, sandbox
 from .accounts import Account
 from .devices import gpu_minor_numbers, slot_cores
-from .spawner import Spawner
+from .spawner import Spawner, WarmProcess
 
 Emit = Callable[[EventType, dict[str, Any]], None]
 #: Runs on each committed checkpoint before it is reported (uploads it where nodes share no disk);
@@ -173,6 +173,9 @@ class JobRun:
             self.ranks[rs.rank] = await self.follow(rs.rank, proc, r_fd, pgid)
         self.emit(EventType.STARTED, {
             "ranks": sorted(self.ranks), "pids": {r: p.proc.pid for r, p in self.ranks.items()},
+            # how each rank began: "fork" of the warm spawner or "fresh" interpreter, "+sandbox"
+            "spawn": {r: ("fork" if isinstance(p.proc, WarmProcess) else "fresh") + ("+sandbox" if p.pgid else "")
+                      for r, p in self.ranks.items()},
             "devices": sorted({d for rs in self.spec.ranks for d in rs.devices}), "attempt": self.spec.attempt,
         })
         self._waiters = [asyncio.create_task(self._wait(rp)) for rp in self.ranks.values()]
@@ -201,8 +204,10 @@ class JobRun:
 
     async def _spawn_sandboxed(self, argv: list[str], env: dict[str, str], rank_dir: Path,
                                w_fd: int) -> tuple[Any, int]:
-        """A fresh worker inside its sandbox (backend/agent/sandbox.py); returns the process
-        (bwrap) and the sandbox's process group, which is what stop signals."""
+        """A worker inside its sandbox (backend/agent/sandbox.py); returns the process and the
+        sandbox's process group, which is what stop signals. A fork of the warm spawner makes
+        the sandbox itself (backend/namespaces.py) once the spawner is ready; until then a
+        fresh interpreter starts under bwrap."""
         assert self.bwrap is not None
         ckpt = self.checkpoint_root / self.spec.job_id
         ckpt.mkdir(parents=True, exist_ok=True)
@@ -216,10 +221,18 @@ class JobRun:
         if self.spec.workdir:
             visible.append(Path(self.spec.workdir))
         env = {**env, contract.ENV_SANDBOXED: "1"}
+        mounts = sandbox.plan(self.hidden, visible, sandbox.gpu_files_to_mask(self._own_gpu_minors()), self.account)
+        if self.spawner is not None:
+            account = None if self.account is None else {
+                "uid": self.account.uid, "gid": self.account.gid, "groups": list(self.account.groups)}
+            proc = await self.spawner.spawn(argv, env, str(rank_dir), w_fd, LINE_LIMIT,
+                                            sandbox={"mounts": [m.as_dict() for m in mounts], "account": account})
+            if proc is not None:
+                return proc, proc.pid  # the keeper leads the sandbox's session
         info_r, info_w = os.pipe()
         try:
-            cmd = sandbox.command(self.bwrap, [sys.executable, "-m", "backend.worker", *argv], self.hidden,
-                                  visible, info_w, sandbox.gpu_files_to_mask(self._own_gpu_minors()), self.account)
+            cmd = sandbox.command(self.bwrap, [sys.executable, "-m", "backend.worker", *argv], mounts, info_w,
+                                  self.account)
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 env=env, cwd=str(rank_dir), pass_fds=(w_fd, info_w), start_new_session=True, limit=LINE_LIMIT,

@@ -145,7 +145,7 @@ def test_a_sandboxed_job_opens_only_its_own_gpus_device_file():
 
         r, w = os.pipe()
         try:
-            cmd = sandbox.command(bwrap, [sys.executable, "-c", probe], [], [], w, sandbox.gpu_files_to_mask(own))
+            cmd = sandbox.command(bwrap, [sys.executable, "-c", probe], sandbox.plan([], [], sandbox.gpu_files_to_mask(own)), w)
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, pass_fds=(w,))
         finally:
             os.close(r)

@@ -23,6 +23,7 @@ import pytest
 from backend.agent import accounts, sandbox
 from backend.server.run_as import RunAsTableError, read_table
 from singularity_sdk import JobState, LocalCluster
+from processes import started_as, until_workers_fork
 from singularity_sdk.errors import APIError
 
 ACCOUNTS = {"alice": "sg-test-alice", "bob": "sg-test-bob"}
@@ -119,6 +120,8 @@ def test_one_users_private_file_is_out_of_the_other_users_reach(cluster):
             f"    print('denied')\n")
     try:
         with c.client(tokens["alice"]) as a, c.client(tokens["bob"]) as b:
+            if sandbox.forks_can_sandbox() is None:
+                until_workers_fork(a)  # forks of the warm spawner switch accounts themselves
             assert a.submit(keep, name="keep").wait(120) == JobState.SUCCEEDED
             bobs = b.submit(peek, name="peek")
             assert bobs.wait(120) == JobState.SUCCEEDED
@@ -126,6 +129,8 @@ def test_one_users_private_file_is_out_of_the_other_users_reach(cluster):
             own = a.submit(peek, name="own")
             assert own.wait(120) == JobState.SUCCEEDED
             assert own.logs().strip() == "alice only"
+            if sandbox.forks_can_sandbox() is None:
+                assert started_as(bobs) == started_as(own) == {"0": "fork+sandbox"}
     finally:
         secret.unlink(missing_ok=True)
 

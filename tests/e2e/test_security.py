@@ -18,6 +18,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from backend.agent import sandbox
+from processes import started_as, until_workers_fork
 from singularity_sdk import JobState, LocalCluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +99,7 @@ while walked != "/":  # as the original spy did: walk up from the working direct
     look(os.path.join(walked, "server.json"))
     walked = os.path.dirname(walked)
 pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
-for pid in pids:
+for pid in pids + ["self"]:  # a fork's own environ is where it was forked from
     look(f"/proc/{pid}/environ")
     look(f"/proc/{pid}/cmdline")
 found["env_leaks"] = [k for k, v in os.environ.items() if any(t in v for t in tokens)]
@@ -110,9 +111,14 @@ print("SPY " + json.dumps(found))
 
 
 @pytest.mark.skipif(sandbox.choose() is None, reason="no working bwrap here (make setup installs bubblewrap)")
-def test_a_job_reads_no_credential_and_no_other_jobs_files(tmp_path):
+@pytest.mark.parametrize("spawn", ["fresh+sandbox", "fork+sandbox"])
+def test_a_job_reads_no_credential_and_no_other_jobs_files(tmp_path, spawn):
+    if spawn == "fork+sandbox" and sandbox.forks_can_sandbox() is not None:
+        pytest.skip(f"a fork cannot make its own sandbox here: {sandbox.forks_can_sandbox()}")
     with LocalCluster(nodes=1, devices_per_node=2, home=tmp_path / "home", sandbox="bwrap",
-                      env={"SINGULARITY_TOKEN": "x" * 43}) as cluster, cluster.client() as admin:
+                      env={"SINGULARITY_TOKEN": "x" * 43,
+                           "SINGULARITY_WARM_WORKERS": "1" if spawn.startswith("fork") else "0"},
+                      ) as cluster, cluster.client() as admin:
         with api(cluster, cluster.token) as h:
             other_token = h.post("/users", json={"user": "alice"}).json()["token"]
         home = cluster.home
@@ -123,6 +129,8 @@ def test_a_job_reads_no_credential_and_no_other_jobs_files(tmp_path):
             wait_state(victim, {JobState.RUNNING})
         db = b"".join(p.read_bytes() for p in home.glob("state.db*"))  # before the spy's code (tokens) is in it
         assert not [t for t in tokens if t.encode() in db]
+        if spawn.startswith("fork"):
+            until_workers_fork(admin)
         folder = tmp_path / "mine"
         folder.mkdir()
         src = SPY_JOB.replace("HOME", repr(str(home))).replace("TOKENS", repr(tokens + ["alice-secret"]))
@@ -133,6 +141,7 @@ def test_a_job_reads_no_credential_and_no_other_jobs_files(tmp_path):
         finally:
             os.chdir(cwd)
         job.wait(120)
+        assert started_as(job) == {"0": spawn}
         line = next(ln for ln in job.logs().splitlines() if ln.startswith("SPY "))
         found = json.loads(line[4:])
         assert found["leaks"] == [] and found["env_leaks"] == [], found

@@ -35,7 +35,7 @@ def test_a_masked_device_file_cannot_be_opened_in_the_sandbox():
     argv = [sys.executable, "-c", probe, "/dev/zero", "/dev/urandom"]
     r, w = os.pipe()
     try:
-        cmd = sandbox.command(sandbox.choose(), argv, [], [], w, masked=[Path("/dev/zero")])
+        cmd = sandbox.command(sandbox.choose(), argv, sandbox.plan([], [], masked=[Path("/dev/zero")]), w)
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, pass_fds=(w,))
     finally:
         os.close(r)
