@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -92,3 +94,13 @@ def test_a_signal_ends_it_with_bwraps_exit_code(server, tmp_path):
     rc, found, _ = _run(server, tmp_path, str(int(signal.SIGTERM)))
     assert rc == 128 + signal.SIGTERM
     assert sandbox.exit_code(rc) == -signal.SIGTERM
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to become nobody")
+def test_an_agent_that_is_not_root_gets_it_through_a_user_namespace():
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                           "backend.namespaces"], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    if done.returncode != 0 and "unshare" in done.stderr:
+        pytest.skip(f"this kernel gives unprivileged users no namespaces: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
