@@ -7,9 +7,12 @@ Two LocalClusters of 2 nodes x 1 device, one after the other:
 
 * ``shared``: the default; both node agents use one checkpoint folder, so nothing is transferred;
 * ``store``: ``LocalCluster(..., store="file://<tmp>/store")``: each node has its own checkpoint
-  cache and checkpoints go through an fsspec store: the source agent uploads the checkpoint before
-  reporting it (``upload_s`` in the ``checkpointed`` event), the target agent fetches it before
-  starting the worker.
+  cache and checkpoints go through an fsspec store: the source agent streams each rank file to the
+  store while the worker writes it and finishes the upload once it commits, before reporting it
+  (``upload_s`` in the ``checkpointed`` event: what was left after the commit), the target agent
+  fetches it before starting the worker;
+* ``serial``: the same with streaming off (``SINGULARITY_STORE_STREAM=0``): the whole upload
+  starts at the commit, as before issue 16, for a side-by-side comparison in one run.
 
 The job is the one of ``bench/checkpoint.py`` (``size`` MB of float32 tensors, then a loop that
 prints a line every ~10 ms). It is migrated ``--reps`` times, alternately node-1 -> node-2 and
@@ -44,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoint import (MB, Collector, best, disk_free_gb, disk_time, fmt_s, job_source,  # noqa: E402
                         med, print_table, restart_point, stop_point)
 
+from backend.agent.transfer import STREAM_ENV  # noqa: E402
 from singularity_sdk import EventType, LocalCluster  # noqa: E402
 
 
@@ -97,8 +101,9 @@ def measure_size(client: Any, disk_folder: Path, size_mb: int, reps: int) -> lis
 
 def run_mode(mode: str, sizes: list[int], reps: int, tmp: Path) -> list[dict[str, Any]]:
     store: Optional[str] = None
-    if mode == "store":
-        store = (tmp / "store").as_uri()
+    if mode in ("store", "serial"):
+        store = (tmp / mode).as_uri()
+    os.environ[STREAM_ENV] = "0" if mode == "serial" else "1"  # the cluster's agents inherit it
     with LocalCluster(nodes=2, devices_per_node=1, store=store) as cluster, cluster.client() as client:
         folder = (cluster.home / "agents" / "node-1" / "checkpoint-cache") if store else cluster.home / "checkpoints"
         folder.mkdir(parents=True, exist_ok=True)
@@ -143,7 +148,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="10,100,1000", help="state sizes in MB, comma-separated (smallest first)")
     p.add_argument("--reps", type=int, default=5, help="migrations per size and mode")
-    p.add_argument("--modes", default="shared,store", help="shared (one checkpoint folder), store (fsspec file://)")
+    p.add_argument("--modes", default="shared,serial,store", help="shared (one checkpoint folder), store (fsspec file://, streamed), serial (store, not streamed)")
     p.add_argument("--quick", action="store_true", help="10 and 100 MB, one migration each")
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]

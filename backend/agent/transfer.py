@@ -54,6 +54,8 @@ PARTS = "parts"
 STREAMS = "streams"
 #: most bytes a stream moves in one turn, so that the files written side by side all progress
 STREAM_CHUNK = 8 << 20
+#: "0" turns streaming off (uploads start at the commit, as before): for A/B measurements
+STREAM_ENV = "SINGULARITY_STORE_STREAM"
 #: a rank file of a staging folder, while it is written (``.part``) and once it is complete
 _RANK_FILE = re.compile(r"^(rank-\d+\.pt)(\.part)?$")
 
@@ -328,6 +330,9 @@ class Streamer:
 
     async def run(self, done: asyncio.Event) -> None:
         """Stream until the attempt's ranks here have exited."""
+        if os.environ.get(STREAM_ENV, "1") == "0":
+            self.t._unregister(self)
+            return
         self.start()
         try:
             await done.wait()
