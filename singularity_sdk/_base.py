@@ -37,6 +37,8 @@ class BaseClient:
         self.timeout = timeout
         #: trusts the private CA of a TLS server (ca=, SINGULARITY_CA or server.json); None: defaults
         self.ssl = tls.context(ca or conn.ca)
+        #: what the HTTP client verifies with (a shared context: making one per client is slow)
+        self.verify = self.ssl or tls.default_context()
 
     @property
     def ws_kwargs(self) -> dict[str, Any]:

@@ -192,7 +192,7 @@ class AsyncClient(BaseClient):
     def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, home: Optional[Path] = None,
                  timeout: float = 30.0, ca: Optional[str] = None):
         super().__init__(url, token, home=home, timeout=timeout, ca=ca)
-        self._http = httpx.AsyncClient(headers=self.headers, timeout=timeout, verify=self.ssl or True)
+        self._http = httpx.AsyncClient(headers=self.headers, timeout=timeout, verify=self.verify)
 
     async def _request(self, method: str, path: str, **kw: Any) -> Any:
         try:

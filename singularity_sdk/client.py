@@ -204,7 +204,7 @@ class Client(BaseClient):
     def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *, home: Optional[Path] = None,
                  timeout: float = 30.0, ca: Optional[str] = None):
         super().__init__(url, token, home=home, timeout=timeout, ca=ca)
-        self._http = httpx.Client(headers=self.headers, timeout=timeout, verify=self.ssl or True)
+        self._http = httpx.Client(headers=self.headers, timeout=timeout, verify=self.verify)
 
     # -- transport
     def _request(self, method: str, path: str, **kw: Any) -> Any:
