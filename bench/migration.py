@@ -11,8 +11,8 @@ Two LocalClusters of 2 nodes x 1 device, one after the other:
   store while the worker writes it and finishes the upload once it commits, before reporting it
   (``upload_s`` in the ``checkpointed`` event: what was left after the commit), the target agent
   fetches it before starting the worker;
-* ``serial``: the same with streaming off (``SINGULARITY_STORE_STREAM=0``): the whole upload
-  starts at the commit, as before issue 16, for a side-by-side comparison in one run.
+* ``serial``: the same with streaming off (``SINGULARITY_STORE_STREAM=0``, the default): the
+  whole upload starts at the commit, for a side-by-side comparison in one run (``store`` sets it to 1).
 
 The job is the one of ``bench/checkpoint.py`` (``size`` MB of float32 tensors, then a loop that
 prints a line every ~10 ms). It is migrated ``--reps`` times, alternately node-1 -> node-2 and

@@ -10,7 +10,9 @@ number, and the store's ``FENCE`` file holds the newest attempt started; an uplo
 older attempt (a node that was presumed lost and came back) is refused instead of mixing an
 old timeline into the new one.
 
-The upload overlaps the write. While an attempt runs, a `Streamer` follows its staging folders
+The upload can overlap the write (``SINGULARITY_STORE_STREAM=1`` in the agent's environment;
+off by default until a store on another device than the cache shows a gain: see STREAM_ENV).
+While an attempt runs, a `Streamer` follows its staging folders
 and copies each rank file to ``streams/a<attempt>/ckpt-N/`` in the job's folder of the store as
 the worker writes it, hashing the bytes it sends. When the checkpoint commits, `upload` takes
 each streamed copy whose size, digest and file (inode) match the manifest, sends the few bytes
@@ -54,7 +56,8 @@ PARTS = "parts"
 STREAMS = "streams"
 #: most bytes a stream moves in one turn, so that the files written side by side all progress
 STREAM_CHUNK = 8 << 20
-#: "0" turns streaming off (uploads start at the commit, as before): for A/B measurements
+#: "1" turns streaming on. Off by default: measured here (docs/benchmarks.md, migration) with the
+#: store on the cache's own disk and 2 busy cores, the write slowed by as much as the upload saved
 STREAM_ENV = "SINGULARITY_STORE_STREAM"
 #: a rank file of a staging folder, while it is written (``.part``) and once it is complete
 _RANK_FILE = re.compile(r"^(rank-\d+\.pt)(\.part)?$")
@@ -330,7 +333,7 @@ class Streamer:
 
     async def run(self, done: asyncio.Event) -> None:
         """Stream until the attempt's ranks here have exited."""
-        if os.environ.get(STREAM_ENV, "1") == "0":
+        if os.environ.get(STREAM_ENV, "0") != "1":
             self.t._unregister(self)
             return
         self.start()

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from exactness import run_plain, source, stdout_lines, wait_for_lines
-from backend.agent.transfer import STREAMS
+from backend.agent.transfer import STREAM_ENV, STREAMS
 from singularity_sdk import EventType, JobState, LocalCluster
 
 #: the worker sleeps after its first write into a rank file: the moment to look at the store
@@ -41,7 +41,8 @@ def _node_of(job) -> str:
     return job.refresh().placement[0].node
 
 
-def test_a_migration_through_the_store_uploads_while_the_worker_writes(tmp_path):
+def test_a_migration_through_the_store_uploads_while_the_worker_writes(tmp_path, monkeypatch):
+    monkeypatch.setenv(STREAM_ENV, "1")  # the cluster's agents inherit it
     store = tmp_path / "store"
     with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "h", store=store.as_uri()) as cluster, \
             cluster.client() as client:
