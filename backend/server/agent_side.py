@@ -6,7 +6,7 @@ import base64
 import json
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from pydantic import ValidationError
 
@@ -52,6 +52,22 @@ def fenced(row: Any, node: str, ae: AgentEvent) -> str:
     if node not in {p["node"] for p in json.loads(row["placement_json"] or "[]")}:
         return f"the job is not placed on {node}"
     return ""
+
+
+def _log_runs(events: list[AgentEvent]) -> Iterator[list[AgentEvent]]:
+    """``events`` in order, as runs: consecutive log lines of one job's attempt together (they
+    need only be appended), every other event alone."""
+    run: list[AgentEvent] = []
+    for ae in events:
+        if run and (ae.type != EventType.LOG or (ae.job_id, ae.attempt) != (run[0].job_id, run[0].attempt)):
+            yield run
+            run = []
+        if ae.type != EventType.LOG:
+            yield [ae]
+        else:
+            run.append(ae)
+    if run:
+        yield run
 
 
 def read(ae: AgentEvent) -> Any:
@@ -143,14 +159,23 @@ class AgentSide:
         followups: list[Callable[[], None]] = []
         with self.store.tx():
             acked = self.store.node_acked(node)
+            fresh: list[AgentEvent] = []
             for ae in events:
-                if ae.agent_seq <= acked:
-                    continue  # a replay of something already committed
-                acked = ae.agent_seq
+                if ae.agent_seq > acked:  # else a replay of something already committed
+                    fresh.append(ae)
+                    acked = ae.agent_seq
+            for run in _log_runs(fresh):
+                ae = run[0]
                 why = fenced(self.store.job_row(ae.job_id), node, ae)
                 if why:
-                    log.warning("event %s %s from node %s refused: %s", ae.type, ae.job_id, node, why)
-                    reject(ae.agent_seq, why)
+                    for refused in run:
+                        log.warning("event %s %s from node %s refused: %s", refused.type, refused.job_id, node, why)
+                        reject(refused.agent_seq, why)
+                    continue
+                if len(run) > 1:  # lines: appended together, nothing else to apply
+                    user = self.store.job_row(ae.job_id)["user"]
+                    published += [(user, ev) for ev in self.store.append_events(
+                        ae.job_id, [(EventType.LOG, line.data, line.time) for line in run])]
                     continue
                 marks = (len(published), len(followups))
                 self.store.db.execute("SAVEPOINT agent_event")

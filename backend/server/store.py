@@ -276,14 +276,19 @@ class Store:
 
     def append_event(self, job_id: str, type: EventType, data: dict[str, Any], when: Optional[float] = None) -> Event:
         """Append one event; caller holds a transaction (``tx``) when atomicity matters."""
-        when = time.time() if when is None else when
-        seq = self.db.execute("SELECT last_seq FROM jobs WHERE id=?", (job_id,)).fetchone()[0] + 1
-        self.db.execute(
+        return self.append_events(job_id, [(type, data, time.time() if when is None else when)])[0]
+
+    def append_events(self, job_id: str, items: list[tuple[EventType, dict[str, Any], float]]) -> list[Event]:
+        """Append ``(type, data, time)`` events in order, with three statements however many
+        there are (a chatty job's lines arrive by the hundred); caller holds the transaction."""
+        first = self.db.execute("SELECT last_seq FROM jobs WHERE id=?", (job_id,)).fetchone()[0] + 1
+        self.db.executemany(
             "INSERT INTO events(job_id, seq, type, time, data_json) VALUES (?,?,?,?,?)",
-            (job_id, seq, type.value, when, json.dumps(data, default=str)),
+            [(job_id, first + i, t.value, when, json.dumps(data, default=str)) for i, (t, data, when) in enumerate(items)],
         )
-        self.db.execute("UPDATE jobs SET last_seq=? WHERE id=?", (seq, job_id))
-        return Event(job_id=job_id, seq=seq, type=type, time=when, data=data)
+        self.db.execute("UPDATE jobs SET last_seq=? WHERE id=?", (first + len(items) - 1, job_id))
+        return [Event.model_construct(job_id=job_id, seq=first + i, type=t, time=when, data=data)
+                for i, (t, data, when) in enumerate(items)]
 
     def events(self, job_id: str, since: int = 0, limit: int = 100_000) -> list[Event]:
         rows = self.db.execute(

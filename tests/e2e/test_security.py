@@ -334,6 +334,39 @@ def test_bad_agent_messages_are_answered_and_skipped_and_the_connection_stays(tm
         assert c.health()["ok"]
 
 
+def test_a_batch_of_lines_is_appended_in_order_and_fenced_line_by_line(tmp_path):
+    """Runs of log lines in one agent message are appended together (bench/load.py): the
+    job's events keep the message's order around other events, a replayed part is skipped,
+    and lines about a job not placed on the node are refused one by one."""
+    with LocalCluster(nodes=0, home=tmp_path / "home") as cluster, cluster.client() as c:
+        token = enroll(cluster, "scripted").json()["token"]
+        with agent_socket(cluster, token) as ws:
+            ws.send(hello("scripted", devices=1))
+            recv_until(ws, "welcome")
+            job = c.submit("x = 1")
+            start = recv_until(ws, "start")
+            queued = c.submit("y = 2")  # no device left for it: placed nowhere
+            ev = {"job_id": start["job_id"], "attempt": start["attempt"], "time": time.time()}
+            other = {**ev, "job_id": queued.id, "attempt": 0}
+            line = lambda seq, text, e=ev: {**e, "agent_seq": seq, "type": "log",
+                                             "data": {"rank": 0, "stream": "stdout", "line": text}}
+            ws.send(events_msg(line(1, "a\n"), line(2, "b\n"), line(3, "c\n"),
+                               {**ev, "agent_seq": 4, "type": "progress", "data": {"rank": 0, "step": 1}},
+                               line(5, "d\n"), line(6, "spy\n", other), line(7, "spy\n", other), line(8, "e\n")))
+            assert recv_until(ws, "ack")["agent_seq"] == 8
+            ws.send(events_msg(line(7, "replayed\n"), line(8, "replayed\n"), line(9, "f\n"),
+                               {**ev, "agent_seq": 10, "type": "worker_exited", "data": {"rank": 0, "code": 0}}))
+            assert recv_until(ws, "ack")["agent_seq"] == 10
+            assert job.wait(30) == JobState.SUCCEEDED
+        events = list(job.events(follow=False))
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        shown = [e.data["line"] if e.type.value == "log" else e.type.value for e in events
+                 if e.type.value in ("log", "progress")]
+        assert shown == ["a\n", "b\n", "c\n", "progress", "d\n", "e\n", "f\n"]
+        assert job.logs() == "abcdef".replace("", "\n")[1:]
+        assert list(queued.events(follow=False))[-1].type.value != "log" and queued.logs() == ""
+
+
 # ---------------------------------------------------------------- 10: the README's move commands
 
 
