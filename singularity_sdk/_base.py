@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import inspect
+import json
 import os
 import site
 import warnings
@@ -25,6 +26,17 @@ from pydantic import ValidationError
 from .protocol import API_PREFIX, SLA, Event, EventType, JobInfo, JobState, SubmitRequest, describe_validation_error
 
 TERMINAL_EVENTS = {EventType.SUCCEEDED, EventType.FAILED, EventType.CANCELLED}
+
+
+def events_ws_path(job_id: str, since: int) -> str:
+    """A job's event stream after ``since``, in batches: one frame per server commit."""
+    return f"/jobs/{job_id}/events/ws?since={since}&batch=1"
+
+
+def frame_events(raw: Union[str, bytes]) -> list[Event]:
+    """The events of one frame of an event stream (a JSON array, or one event)."""
+    data = json.loads(raw)
+    return [Event.model_validate(item) for item in (data if isinstance(data, list) else [data])]
 Code = Union[str, Path, Callable[..., Any]]
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional, Union
@@ -11,7 +10,8 @@ import httpx
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase, checkpoint_bound, control_done, reconnect_pauses
+from ._base import (TERMINAL_EVENTS, BaseClient, Code, JobBase, checkpoint_bound, control_done, events_ws_path,
+                    frame_events, reconnect_pauses)
 from . import metrics
 from .errors import WaitTimeout
 from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
@@ -19,9 +19,9 @@ from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
 
 
 async def _read_batch(ws: Any, tick_s: float, batch_s: float) -> list[Event]:
-    """Wait up to ``tick_s`` for one event, then gather what follows within ``batch_s``."""
+    """Wait up to ``tick_s`` for events, then gather what follows within ``batch_s``."""
     try:
-        batch = [Event.model_validate(json.loads(await asyncio.wait_for(ws.recv(), tick_s)))]
+        batch = frame_events(await asyncio.wait_for(ws.recv(), tick_s))
     except (asyncio.TimeoutError, TimeoutError):
         return []
     deadline = time.monotonic() + batch_s
@@ -30,7 +30,7 @@ async def _read_batch(ws: Any, tick_s: float, batch_s: float) -> list[Event]:
         if left <= 0:
             break
         try:
-            batch.append(Event.model_validate(json.loads(await asyncio.wait_for(ws.recv(), left))))
+            batch += frame_events(await asyncio.wait_for(ws.recv(), left))
         except (asyncio.TimeoutError, TimeoutError):
             break
     return batch
@@ -69,15 +69,15 @@ class AsyncJob(JobBase):
             for raw in await self._client._get(f"/jobs/{self.id}/events", params={"since": since}):
                 yield Event.model_validate(raw)
             return
-        url = self._client.ws_url(f"/jobs/{self.id}/events/ws?since={since}")
+        url = self._client.ws_url(events_ws_path(self.id, since))
         try:
             async with ws_connect(url, additional_headers=self._client.headers, max_size=None, **self._client.ws_kwargs,
                             max_queue=None, close_timeout=2) as ws:
                 async for raw in ws:
-                    ev = Event.model_validate(json.loads(raw))
-                    yield ev
-                    if ev.type in TERMINAL_EVENTS:
-                        return
+                    for ev in frame_events(raw):
+                        yield ev
+                        if ev.type in TERMINAL_EVENTS:
+                            return
         except (OSError, ConnectionClosed) as exc:
             raise self._client.unreachable(exc) from None
 
@@ -87,7 +87,7 @@ class AsyncJob(JobBase):
         ``Job.follow``): ``[]`` when nothing came for ``tick_s``."""
         last, backoff = since, 0.2
         while True:
-            url = self._client.ws_url(f"/jobs/{self.id}/events/ws?since={last}")
+            url = self._client.ws_url(events_ws_path(self.id, last))
             try:
                 async with ws_connect(url, additional_headers=self._client.headers, max_size=None,
                                       **self._client.ws_kwargs, open_timeout=10, close_timeout=1) as ws:

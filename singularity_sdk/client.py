@@ -1,7 +1,6 @@
 """The synchronous SDK: ``Client`` and the ``Job`` handles it returns."""
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
@@ -10,7 +9,8 @@ import httpx
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from ._base import TERMINAL_EVENTS, BaseClient, Code, JobBase, checkpoint_bound, control_done, reconnect_pauses
+from ._base import (TERMINAL_EVENTS, BaseClient, Code, JobBase, checkpoint_bound, control_done, events_ws_path,
+                    frame_events, reconnect_pauses)
 from . import metrics
 from .errors import WaitTimeout
 from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
@@ -18,9 +18,9 @@ from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
 
 
 def _read_batch(ws: Any, tick_s: float, batch_s: float) -> list[Event]:
-    """Wait up to ``tick_s`` for one event, then gather what follows within ``batch_s``."""
+    """Wait up to ``tick_s`` for events, then gather what follows within ``batch_s``."""
     try:
-        batch = [Event.model_validate(json.loads(ws.recv(timeout=tick_s)))]
+        batch = frame_events(ws.recv(timeout=tick_s))
     except TimeoutError:
         return []
     deadline = time.monotonic() + batch_s
@@ -29,7 +29,7 @@ def _read_batch(ws: Any, tick_s: float, batch_s: float) -> list[Event]:
         if left <= 0:
             break
         try:
-            batch.append(Event.model_validate(json.loads(ws.recv(timeout=left))))
+            batch += frame_events(ws.recv(timeout=left))
         except TimeoutError:
             break
     return batch
@@ -78,15 +78,15 @@ class Job(JobBase):
             for raw in self._client._get(f"/jobs/{self.id}/events", params={"since": since}):
                 yield Event.model_validate(raw)
             return
-        url = self._client.ws_url(f"/jobs/{self.id}/events/ws?since={since}")
+        url = self._client.ws_url(events_ws_path(self.id, since))
         try:
             with ws_connect(url, additional_headers=self._client.headers, max_size=None, **self._client.ws_kwargs,
                             max_queue=None, close_timeout=2) as ws:
                 for raw in ws:
-                    ev = Event.model_validate(json.loads(raw))
-                    yield ev
-                    if ev.type in TERMINAL_EVENTS:
-                        return
+                    for ev in frame_events(raw):
+                        yield ev
+                        if ev.type in TERMINAL_EVENTS:
+                            return
         except (OSError, ConnectionClosed) as exc:
             raise self._client.unreachable(exc) from None
 
@@ -99,7 +99,7 @@ class Job(JobBase):
         Raises JobNotFound or AuthError when the server refuses the job."""
         last, backoff = since, 0.2
         while True:
-            url = self._client.ws_url(f"/jobs/{self.id}/events/ws?since={last}")
+            url = self._client.ws_url(events_ws_path(self.id, last))
             try:
                 with ws_connect(url, additional_headers=self._client.headers, max_size=None, **self._client.ws_kwargs,
                                 open_timeout=10, close_timeout=1) as ws:

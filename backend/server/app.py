@@ -29,7 +29,6 @@ from singularity_sdk.protocol import (
     AgentHello,
     CreateUserRequest,
     QuotaRequest,
-    Event,
     JobAction,
     SubmitRequest,
     agent_message_adapter,
@@ -38,6 +37,7 @@ from singularity_sdk.protocol import (
 
 from .credentials import NODE_ROLE, node_of
 from .edge import load_json_object
+from .hub import Batch
 from .service import Service, ServiceError
 
 log = logging.getLogger("singularity.server")
@@ -294,6 +294,15 @@ class AuthedSocket(tornado.websocket.WebSocketHandler):
     def send_json(self, payload: Any) -> None:
         self.send_text(json.dumps(payload))
 
+    def send_batch(self, batch: Batch) -> None:
+        """Events: one frame each, or, for a client that asked ``?batch=1``, one JSON array per
+        batch (a chatty job's lines cost one frame per commit, not one per line)."""
+        if self.get_query_argument("batch", "0") == "1":
+            self.send_text(batch.array)
+        else:
+            for text in batch.texts:
+                self.send_text(text)
+
     def send_text(self, text: str) -> None:
         if self.ws_connection is None or self.ws_connection.is_closing():
             return
@@ -312,24 +321,27 @@ class JobEventsSocket(AuthedSocket):
         self.since = _int_arg(self, "since", 0)
 
     def open(self, job_id: str) -> None:
-        last = self.since
         try:
             backlog = self.service.store.events(job_id, self.since)
         except Exception:
             log.exception("could not read the events of %s", job_id)
             self.close(1011, "internal error; the server's log has the details")
             return
-        for ev in backlog:
-            self.send_json(_dump(ev))
-            last = ev.seq
-        self.last = last
+        self.last = self.since
+        self.send_batch(Batch(backlog))
 
-        def push(ev: Event, text: str) -> None:
-            if ev.seq > self.last:
-                self.last = ev.seq
-                self.send_text(text)
+        def push(batch: Batch) -> None:
+            if batch.events and batch.events[0].seq <= self.last:  # (not after the backlog read)
+                batch = Batch([ev for ev in batch.events if ev.seq > self.last])
+            self.send_batch(batch)
 
         self.unsubscribe = self.service.hub.subscribe_job(job_id, push)
+
+    def send_batch(self, batch: Batch) -> None:
+        if not batch.events:
+            return
+        self.last = batch.events[-1].seq
+        super().send_batch(batch)
 
     def on_message(self, message: Any) -> None:
         pass  # the stream is one-way; pings are handled by the protocol layer
@@ -345,7 +357,7 @@ class UserEventsSocket(AuthedSocket):
     unsubscribe = None
 
     def open(self) -> None:
-        self.unsubscribe = self.service.hub.subscribe_user(self.user, lambda ev, text: self.send_text(text))
+        self.unsubscribe = self.service.hub.subscribe_user(self.user, self.send_batch)
 
     def on_message(self, message: Any) -> None:
         pass

@@ -2,19 +2,39 @@
 
 Events are published only after their transaction commits, so a subscriber never sees an
 event that a crash could take back. Subscribers are plain callables; the WebSocket layer
-decides how to write. Each event is serialized once, however many subscribers it has
-(``bench/load.py``: a hundred clients following twenty chatty jobs).
+decides how to write. What one commit published reaches a subscriber as one `Batch`: each
+event is serialized once however many subscribers it has, and a subscriber that takes whole
+batches (``?batch=1``) sends one frame per commit instead of one per event (``bench/load.py``:
+a hundred clients following twenty chatty jobs).
 """
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict
 from typing import Callable
 
 from singularity_sdk.protocol import Event
 
-#: called with the event and its JSON text (what a WebSocket sends)
-Subscriber = Callable[[Event, str], None]
+
+class Batch:
+    """Events of one commit, in order, with their JSON texts (made once, on first use)."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+
+    @functools.cached_property
+    def texts(self) -> list[str]:
+        return [json.dumps(ev.model_dump(mode="json")) for ev in self.events]
+
+    @functools.cached_property
+    def array(self) -> str:
+        """The whole batch as one JSON array (one WebSocket frame)."""
+        return "[" + ",".join(self.texts) + "]"
+
+
+#: called with each batch a subscription covers
+Subscriber = Callable[[Batch], None]
 
 
 class Hub:
@@ -31,12 +51,20 @@ class Hub:
         return lambda: self._discard(self._by_user, user, fn)
 
     def publish(self, user: str, events: list[Event]) -> None:
+        """Hand ``events`` (committed together) to the subscribers of their jobs, one batch per
+        job, and to the user's subscribers as one batch."""
+        by_job: dict[str, list[Event]] = {}
         for ev in events:
-            subscribers = [*self._by_job.get(ev.job_id, ()), *self._by_user.get(user, ())]
-            if subscribers:
-                text = json.dumps(ev.model_dump(mode="json"))
-                for fn in subscribers:
-                    fn(ev, text)
+            by_job.setdefault(ev.job_id, []).append(ev)
+        batches = {job_id: Batch(evs) for job_id, evs in by_job.items()}
+        for job_id, batch in batches.items():
+            for fn in list(self._by_job.get(job_id, ())):
+                fn(batch)
+        watchers = list(self._by_user.get(user, ()))
+        if watchers:
+            whole = next(iter(batches.values())) if len(batches) == 1 else Batch(events)
+            for fn in watchers:
+                fn(whole)
 
     @staticmethod
     def _discard(table: dict[str, set[Subscriber]], key: str, fn: Subscriber) -> None:

@@ -204,3 +204,28 @@ def test_async_follow_gives_every_event_once_in_batches_and_ends_with_the_job(cl
     seen = asyncio.run(follow())
     assert [e.seq for e in seen] == list(range(1, len(seen) + 1)) and seen[-1].type == EventType.SUCCEEDED
     assert [e.data["line"] for e in seen if e.type == EventType.LOG] == [f"line {i}\n" for i in range(30)]
+
+
+def test_a_batched_stream_sends_each_commit_as_one_frame(cluster, client):
+    """``?batch=1`` (what the SDK asks for): the backlog is one JSON array, and a chatty job's
+    lines come several to a frame; without it, one event per frame, as before."""
+    import json
+
+    from websockets.sync.client import connect
+
+    job = client.submit("import time\ntime.sleep(1)\nfor i in range(300):\n    print(i, flush=True)\n")
+    url = cluster.url.replace("http", "ws") + f"/api/v1/jobs/{job.id}/events/ws?since=0"
+    headers = {"Authorization": f"Bearer {cluster.token}"}
+    with connect(url + "&batch=1", additional_headers=headers) as ws:
+        frames = []
+        while not frames or frames[-1][-1]["type"] not in ("succeeded", "failed"):
+            frames.append(json.loads(ws.recv(timeout=60)))
+    assert all(isinstance(f, list) and f for f in frames)
+    events = [e for f in frames for e in f]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert [e["data"]["line"] for e in events if e["type"] == "log"] == [f"{i}\n" for i in range(300)]
+    assert len(frames) < len(events) / 2  # live lines came together, not one frame each
+    with connect(url, additional_headers=headers) as ws:  # after the end: the whole backlog
+        single = [json.loads(ws.recv(timeout=10)) for _ in events]
+    assert single == events
+    assert [e.seq for e in job.events()] == [e["seq"] for e in events]  # the SDK reads batches
