@@ -15,40 +15,40 @@ from singularity_sdk.protocol import AgentEvent, EventType
 
 
 class Outbox:
+    """Events not yet acknowledged, in order: those sent on the current connection, then those
+    not sent yet (two queues, so taking the next batch does not walk past thousands of sent
+    but unacknowledged lines of a chatty job)."""
+
     def __init__(self) -> None:
         self._next = 1
-        self._pending: deque[AgentEvent] = deque()
-        self._sent_upto = 0  # highest agent_seq sent on the current connection
+        self._sent: deque[AgentEvent] = deque()  # sent on the current connection, not acked
+        self._unsent: deque[AgentEvent] = deque()
 
     def add(self, job_id: str, attempt: int, type: EventType, data: dict[str, Any], when: Optional[float] = None) -> AgentEvent:
         ev = AgentEvent(agent_seq=self._next, job_id=job_id, attempt=attempt, type=type,
                         time=time.time() if when is None else when, data=data)
         self._next += 1
-        self._pending.append(ev)
+        self._unsent.append(ev)
         return ev
 
     def ack(self, upto: int) -> None:
-        while self._pending and self._pending[0].agent_seq <= upto:
-            self._pending.popleft()
+        for queue in (self._sent, self._unsent):
+            while queue and queue[0].agent_seq <= upto:
+                queue.popleft()
 
     def connected(self, server_acked: int) -> None:
         """A new connection: drop what the server already has, resend everything else."""
+        self._sent.extend(self._unsent)
+        self._sent, self._unsent = deque(), self._sent
         self.ack(server_acked)
-        self._sent_upto = server_acked
 
     def take_unsent(self, limit: int = 500) -> list[AgentEvent]:
-        out = []
-        for ev in self._pending:
-            if ev.agent_seq > self._sent_upto:
-                out.append(ev)
-                if len(out) >= limit:
-                    break
-        if out:
-            self._sent_upto = out[-1].agent_seq
+        out = [self._unsent.popleft() for _ in range(min(limit, len(self._unsent)))]
+        self._sent.extend(out)
         return out
 
     def jobs(self) -> set[tuple[str, int]]:
-        return {(ev.job_id, ev.attempt) for ev in self._pending}
+        return {(ev.job_id, ev.attempt) for queue in (self._sent, self._unsent) for ev in queue}
 
     def __len__(self) -> int:
-        return len(self._pending)
+        return len(self._sent) + len(self._unsent)
