@@ -16,9 +16,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from singularity_sdk import EventType, LocalCluster
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from processes import until_workers_fork  # noqa: E402
+
+from singularity_sdk import EventType, LocalCluster  # noqa: E402
 
 
 def pct(values: list[float], p: float) -> float:
@@ -79,6 +85,8 @@ def main() -> None:
                     help="a pause after every 10 lines (0: print as fast as the job can)")
     args = ap.parse_args()
     with LocalCluster(nodes=2, devices_per_node=(args.jobs + 1) // 2, env={"SINGULARITY_PIN_CPU_SLOTS": "0"}) as cluster:
+        with cluster.client() as client:  # measure the event path, not the spawners' warm-up
+            until_workers_fork(client, slots=2 * ((args.jobs + 1) // 2))
         base, base_problems, base_s = asyncio.run(follow_all(cluster, args.jobs, args.jobs, args.lines, args.pause_ms))
         many, problems, many_s = asyncio.run(follow_all(cluster, args.jobs, args.clients, args.lines, args.pause_ms))
         rate = asyncio.run(submissions(cluster, args.submits))

@@ -26,15 +26,20 @@ def started_as(job) -> dict[str, str]:
     return [e for e in job.events(follow=False) if e.type == EventType.STARTED][-1].data["spawn"]
 
 
-def until_workers_fork(client, timeout: float = 120) -> None:
-    """Run trivial jobs until one starts as a fork of the warm spawner (it warms up in the
-    background; the first workers of a node start fresh)."""
+def until_workers_fork(client, timeout: float = 120, slots: int = 1) -> None:
+    """Run trivial jobs until workers start as forks of the warm spawner (it warms up in the
+    background; the first workers of a node start fresh). With ``slots``, rounds of that many
+    jobs at once, one per device of the cluster, until a whole round starts as forks: then
+    every node's spawner is warm."""
     import time
 
     deadline = time.monotonic() + timeout
+    code = "import time\ntime.sleep(0.3)" if slots > 1 else "print('warm?')"  # overlap: fill every slot
     while True:
-        probe = client.submit("print('warm?')", name="warm-up")
-        probe.wait(60)
-        if started_as(probe)["0"].startswith("fork"):
+        probes = [client.submit(code, name="warm-up") for _ in range(slots)]
+        for probe in probes:
+            probe.wait(60)
+        how = [started_as(probe)["0"] for probe in probes]
+        if all(h.startswith("fork") for h in how):
             return
-        assert time.monotonic() < deadline, f"no worker began as a fork: {started_as(probe)}"
+        assert time.monotonic() < deadline, f"workers still begin as {how}"
