@@ -34,14 +34,22 @@ def _choose_movers(movers: list[RJob], need: int) -> list[RJob]:
     return []
 
 
-def defragment(state: RoundState, ben: RJob, p: int) -> Optional[DeviceMap]:
-    """Migrate jobs so that ``ben`` fits on one node with ``p`` devices; the placement or None."""
+def defragment(
+    state: RoundState, ben: RJob, p: int, node_index: Optional[int] = None, gain: Optional[float] = None
+) -> Optional[DeviceMap]:
+    """Migrate jobs so that ``ben`` fits on one node with ``p`` devices; the placement or None.
+
+    ``node_index``: only that node (a shrunk job growing where it runs). ``gain``: the
+    expected gain in device-seconds, instead of the waiting job's estimate."""
     cfg = state.config
     if not cfg.defrag or p > state.free.max_size or state.free.total < p:
         return None
     need = p - state.nfree
     movable = state.cats.sum(axis=0)
-    cand = np.flatnonzero((need > 0) & (state.size >= p) & (need <= movable))
+    ok = (need > 0) & (state.size >= p) & (need <= movable)
+    if node_index is not None:
+        ok &= np.arange(len(ok)) == node_index
+    cand = np.flatnonzero(ok)
     if len(cand) == 0:
         return None
     cand = cand[np.lexsort((cand, need[cand]))][:4]
@@ -57,8 +65,10 @@ def defragment(state: RoundState, ben: RJob, p: int) -> Optional[DeviceMap]:
         if not moved:
             continue
         cost = cfg.overhead_s * sum(j.held for j in moved)
-        est_wait = max(state.now - j.submitted_at for j in moved)
-        if p * est_wait <= cfg.defrag_margin * cost:
+        if gain is None:
+            if p * max(state.now - j.submitted_at for j in moved) <= cfg.defrag_margin * cost:
+                continue
+        elif gain <= cfg.defrag_margin * cost:
             continue
         dests = _destinations(state, moved, node)
         if dests is None:
@@ -68,7 +78,7 @@ def defragment(state: RoundState, ben: RJob, p: int) -> Optional[DeviceMap]:
                 j,
                 dest,
                 f"migrated {node}->{next(iter(dest))}: frees {node} so that {ben.sla} job {ben.id}"
-                f" can start on {p} devices there (defragmentation)",
+                f" can {'start on' if gain is None else 'grow to'} {p} devices there (defragmentation)",
             )
         return {node: tuple(state.free.free[node][:p])}
     return None

@@ -156,6 +156,8 @@ class RoundState:
         # in either round), and only its wait, which moves with the clock, is set again
         now, cfg = self.now, self.config
         interval = cfg.min_move_interval_s
+        long_interval = cfg.long_move_interval_s
+        long_service = cfg.long_move_after_s
         horizon = cfg.aging_horizon_s
         mins = self.mins
         running_state = JobState.RUNNING
@@ -217,6 +219,8 @@ class RoundState:
                 held += len(d)
             running = st == running_state
             protected = moved is not None and now - moved < interval
+            if protected and long_interval is not None and v.attained_s >= long_service and now - moved >= long_interval:
+                protected = False
             if not running or protected or (rank == 2 and held >= gpus):
                 # nothing this round may do to it (in transition, moved recently, premium at
                 # full size): it only counts in its user's holdings

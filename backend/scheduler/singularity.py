@@ -348,24 +348,40 @@ def _grow(state: RoundState, rank: int) -> None:
     cfg = state.config
     jobs = [j for j in state.shrunk if j.rank == rank and not j.touched]
     jobs.sort(key=lambda j: (state.held(rank, j.user), j.submitted_at, j.id))
+    # migrating others to grow a job pays only when nobody waits for the devices it would use
+    # (None: not looked at yet; most rounds never need to)
+    defrag_ok: Optional[bool] = None if cfg.defrag_grow else False
     for j in jobs:
         if state.free.total == 0:
             return
+        if j.touched:
+            continue  # migrated to make room for a job grown before it
         old = j.placement
         prefer = [n for n, _ in sorted(old.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
         age = max(0.0, state.now - j.submitted_at)
         state.give_devices(old)
         chosen: Optional[tuple[int, DeviceMap]] = None
+        how = ""
+        sizes: list[tuple[int, float]] = []
         for p in divisors(j.gpus):
             if p <= j.held:
                 break
             gain = age * j.gpus * (1.0 / j.held - 1.0 / p)
             if gain <= cfg.grow_margin * cfg.overhead_s:
                 break  # smaller sizes gain even less
+            sizes.append((p, gain))
             placement = state.free.pick(p, prefer=prefer, only=j.view.nodes)
             if placement is not None:
                 chosen = (p, placement)
                 break
+        if chosen is None and sizes and defrag_ok is not False and j.view.nodes is None and state.takes_left > 0:
+            if defrag_ok is None:
+                defrag_ok = all(w.touched for w in state.waiting)
+            if defrag_ok:
+                chosen = _grow_defrag(state, j, old, sizes)
+                if chosen is not None:
+                    state.takes_left -= 1
+                    how = " after migrating smaller jobs (defragmentation)"
         state.take_devices(old)
         if chosen is not None:
             p, placement = chosen
@@ -373,6 +389,34 @@ def _grow(state: RoundState, rank: int) -> None:
                 j,
                 placement,
                 f"grown {j.held}->{p} of {j.gpus} devices on {fmt_placement(placement)}:"
-                f" devices were idle (work-conserving); {BY_RANK[rank]} tier",
+                f" devices were idle (work-conserving){how}; {BY_RANK[rank]} tier",
             )
 
+
+def _grow_defrag(
+    state: RoundState, j: RJob, old: DeviceMap, sizes: list[tuple[int, float]]
+) -> Optional[tuple[int, DeviceMap]]:
+    """Room for a shrunk job to grow made by migrating smaller jobs: off its own node (a job on
+    one node), or off one more whole node (a job on whole nodes short of one). Its devices are
+    free (given back) on entry and on return."""
+    big = state.free.max_size
+    j.touched = True  # never a mover for itself
+    try:
+        for p, gain in sizes:
+            if p <= big:
+                i = state.index.get(next(iter(old))) if len(old) == 1 else None
+                if i is not None:
+                    placement = defragment(state, j, p, node_index=i, gain=gain * p)
+                    if placement is not None:
+                        return p, placement
+            elif p - j.held == big and all(len(d) == state.free.size[n] for n, d in old.items()):
+                state.take_devices(old)  # the moved jobs must not land on its own devices
+                try:
+                    placement = defragment(state, j, big, gain=gain * p)
+                finally:
+                    state.give_devices(old)
+                if placement is not None:
+                    return p, {**old, **placement}
+    finally:
+        j.touched = False
+    return None

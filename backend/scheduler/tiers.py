@@ -33,6 +33,11 @@ class PolicyConfig:
 
     #: a job moved, resized or preempted less than this long ago is left alone (anti-thrash)
     min_move_interval_s: float = 600.0
+    #: ... but a job with at least ``long_move_after_s`` of attained service (the top service
+    #: class) only this long (None: ``min_move_interval_s``): a burst of new jobs otherwise found
+    #: the long jobs it should take from all protected by the burst's own first moves
+    long_move_interval_s: Optional[float] = 120.0
+    long_move_after_s: float = 36000.0
     #: expected cost of one preemption, migration or resize (the job stalls this long); used to
     #: decide whether a move pays for itself
     overhead_s: float = 30.0
@@ -46,6 +51,10 @@ class PolicyConfig:
     same_tier_shrink: bool = True
     #: migrate small jobs to free a node for a waiting job that needs one
     defrag: bool = True
+    #: a shrunk job that cannot grow for want of room on any node, while no job waits, may have
+    #: smaller jobs of its tier or below migrated off its node (or off one more whole node, for
+    #: a job on whole nodes) when the gain of growing beats ``defrag_margin`` x the moves' cost
+    defrag_grow: bool = True
     #: a migration happens only if the expected gain exceeds margin x its cost
     defrag_margin: float = 2.0
     #: a shrunk job grows back only if the expected gain exceeds margin x the stall

@@ -131,3 +131,25 @@ def test_with_tier_take_min_class_standard_work_leaves_a_just_started_basic_job_
     aged = waiting("b-aged", B, 1, submitted_at=NOW - 5 * HOUR, ran=0.0)
     acts = by_job(singularity_policy(snapshot(NOW, {"node-0": 8}, only_fresh + [aged]), rule))
     assert isinstance(acts["b-aged"], Place) and "aged past" in acts["b-aged"].reason
+
+
+def test_a_long_served_job_is_protected_for_two_minutes_only():
+    """Anti-thrash protects a moved job for ``min_move_interval_s`` (600 s), but a job of the top
+    service class (``long_move_after_s``: 10 device-hours) only for ``long_move_interval_s``
+    (120 s): in a burst of new jobs, the first ones' moves otherwise protected every long job
+    the next ones should take from, and the new jobs waited."""
+    def node(attained_h: float, moved_ago: float):
+        return [running(f"r-{i}", S, 1, {"node-0": (i,)}, user="a", submitted_at=NOW - 40 * HOUR,
+                        ckpt=NOW - moved_ago, moved=NOW - moved_ago, attained=attained_h * HOUR,
+                        ran=attained_h * HOUR) for i in range(8)]
+    new = waiting("b-new", B, 1, submitted_at=NOW - 60)
+    snap = snapshot(NOW, {"node-0": 8}, node(12.0, 180.0) + [new])
+    acts = by_job(singularity_policy(snap, POOL))
+    assert isinstance(acts["b-new"], Place) and sum(isinstance(a, Preempt) for a in acts.values()) == 1
+    # the wrong policy (one interval for every job) leaves it waiting
+    assert singularity_policy(snap, PolicyConfig(long_move_interval_s=None)) == []
+    # still protected within the two minutes, and a job under 10 device-hours for the full 600 s
+    assert singularity_policy(snapshot(NOW, {"node-0": 8}, node(12.0, 60.0) + [new]), POOL) == []
+    assert singularity_policy(snapshot(NOW, {"node-0": 8}, node(5.0, 180.0) + [new]), POOL) == []
+    assert isinstance(by_job(singularity_policy(snapshot(NOW, {"node-0": 8}, node(5.0, 700.0) + [new]),
+                                                POOL))["b-new"], Place)

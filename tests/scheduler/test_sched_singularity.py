@@ -246,7 +246,10 @@ def _check_random_snapshots(cfg: PolicyConfig) -> None:
         premium_placed = any(isinstance(a, Place) and views[a.job_id].sla == P for a in actions)
         for a in actions:
             j = views[a.job_id]
-            moved = j.last_moved_at is not None and snap.now - j.last_moved_at < cfg.min_move_interval_s
+            interval = cfg.min_move_interval_s
+            if cfg.long_move_interval_s is not None and j.attained_s >= cfg.long_move_after_s:
+                interval = cfg.long_move_interval_s  # the top service class is protected less long
+            moved = j.last_moved_at is not None and snap.now - j.last_moved_at < interval
             waited = snap.now - j.submitted_at - (j.ran_s or 0.0)
             standard = j.sla == S or (j.sla == B and waited >= cfg.aging_horizon_s)
             if isinstance(a, Preempt) and standard and not cfg.las_across:
