@@ -14,7 +14,8 @@ for each pass, premium, then standard and basic together (``las_across``; else o
      (shrink, then preempt; per tier: its own tier only, standard only shrunk), and a standard
      job may shrink standard jobs of users holding more than its user (fair share). A
      starving job that fits nowhere has one node's free devices held for it.
-  2. shrunk jobs of the pass grow back into idle devices (work conservation), fairest first.
+  2. shrunk jobs of the pass grow back into idle devices (work conservation), fairest first;
+     when no node has room and no job waits, by migrating smaller jobs off the job's node.
 then, if devices are still free, one more pass over every tier using free devices only, in
 which victims displaced earlier in the round may resume at once (preempt + resume elsewhere).
 
