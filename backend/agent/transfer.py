@@ -254,6 +254,7 @@ class _Stream:
         data = os.pread(self.fd, limit, self.sent)
         if data:
             self.out.write(data)
+            self.out.flush()  # into the store now, not when a buffer fills (a small rank file never would)
             self.hash.update(data)
             self.sent += len(data)
         return len(data)
