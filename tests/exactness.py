@@ -45,6 +45,19 @@ def run_plain(client: Client, code: str, env: Optional[dict] = None, name: str =
     return stdout_lines(job), job.result()
 
 
+def assert_retried_from_a_checkpoint(job: Job, expected_lines: list[str], expected_result: object) -> None:
+    """A job whose worker was killed: it was retried, restored from a checkpoint written before
+    the kill, and what it printed after the restore ends an uninterrupted run's output."""
+    assert job.wait(180) == JobState.SUCCEEDED, job.info.error
+    events = list(job.events(follow=False))
+    assert any(e.type == EventType.RETRYING for e in events)
+    resumed = [e for e in events if e.type == EventType.RESUMED]
+    assert resumed, "the retry restored from a checkpoint written before the kill"
+    after = [e.data["line"] for e in events if e.seq > resumed[-1].seq and e.type == EventType.LOG]
+    assert after and after == expected_lines[-len(after):]
+    assert job.result() == expected_result
+
+
 def random_stops(seed: int, total_lines: int, count: int) -> list[int]:
     """``count`` distinct moments, as 'after this many printed lines', within the run."""
     rng = random.Random(seed)

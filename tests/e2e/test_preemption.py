@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from exactness import preempt_and_resume, random_stops, run_interrupted, run_plain, source, stdout_lines, wait_for_lines
+from exactness import assert_retried_from_a_checkpoint, preempt_and_resume, random_stops, run_interrupted, run_plain, source, stdout_lines, wait_for_lines
 from singularity_sdk import CheckpointFailed, EventType, JobState
 from singularity_sdk.errors import Conflict
 
@@ -156,11 +156,4 @@ def test_worker_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(
             break
     time.sleep(0.5)
     os.kill(pid, signal.SIGKILL)  # half-way through writing the second checkpoint
-    assert job.wait(180) == JobState.SUCCEEDED
-    events = list(job.events(follow=False))
-    assert any(e.type == EventType.RETRYING for e in events)
-    resumed = [e for e in events if e.type == EventType.RESUMED]
-    assert resumed, "the retry restored from the surviving checkpoint"
-    after = [e.data["line"] for e in events if e.seq > resumed[-1].seq and e.type == EventType.LOG]
-    assert after and after == expected_lines[-len(after):]
-    assert job.result() == expected_result
+    assert_retried_from_a_checkpoint(job, expected_lines, expected_result)

@@ -4,13 +4,14 @@ a node's name cannot be taken over, bad input gets a clear 4xx, bad agent messag
 with the connection kept, and the CLI's move commands end cleanly."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 import pytest
@@ -301,36 +302,42 @@ def test_a_start_the_node_refuses_fails_the_job_at_once(tmp_path):
 # ---------------------------------------------------------------- 6: malformed agent messages
 
 
-def test_bad_agent_messages_are_answered_and_skipped_and_the_connection_stays(tmp_path):
-    """The only node is scripted here, so the job runs "on" it and its events pass the fence:
-    what is checked is what the server does with bad data about a job the node really holds."""
+@contextlib.contextmanager
+def scripted_node(tmp_path: Path) -> Iterator[tuple[Any, ClientConnection, Any, dict[str, Any]]]:
+    """A cluster whose only node is this test's socket, with one job started on it: (client,
+    socket, job, its start message). The job's events then pass the fence, so what a test sees
+    is what the server does with what the node says about a job it really holds."""
     with LocalCluster(nodes=0, home=tmp_path / "home") as cluster, cluster.client() as c:
         token = enroll(cluster, "scripted").json()["token"]
         with agent_socket(cluster, token) as ws:
             ws.send(hello("scripted", devices=1))
             recv_until(ws, "welcome")
             job = c.submit("x = 1")
-            start = recv_until(ws, "start")
-            jid, attempt, now = start["job_id"], start["attempt"], time.time()
-            ev = {"job_id": jid, "attempt": attempt, "time": now}
-            bad = [
-                events_msg({**ev, "agent_seq": 1, "type": "worker_exited", "data": {"rank": "abc", "code": 0}}),
-                events_msg({**ev, "agent_seq": 2, "type": "log", "time": float("nan"), "data": {}}),
-                events_msg({**ev, "agent_seq": 2**63, "type": "log", "data": {}}),
-                '{"type": "events", "events": ' + "[" * 5000 + "]" * 5000 + "}",
-                "not json",
-            ]
-            for msg in bad:
-                ws.send(msg)
-                assert recv_until(ws, "error")["error"]
-            ws.send(events_msg({**ev, "agent_seq": 4, "type": "log",
-                                "data": {"rank": 0, "stream": "stdout", "line": "fi\x00ne\n"}},
-                               {**ev, "agent_seq": 5, "type": "worker_exited", "data": {"rank": 0, "code": 0}}))
-            assert recv_until(ws, "ack")["agent_seq"] == 5
-            assert job.wait(30) == JobState.SUCCEEDED
-            assert job.logs() == "fi\x00ne\n"  # a program may print any character
-            ws.send(events_msg({**ev, "agent_seq": 1, "type": "worker_exited", "data": {"rank": "abc"}}))
-            assert recv_until(ws, "ack")["agent_seq"] == 5  # a replay of the skipped batch: nothing fails
+            yield c, ws, job, recv_until(ws, "start")
+
+
+def test_bad_agent_messages_are_answered_and_skipped_and_the_connection_stays(tmp_path):
+    with scripted_node(tmp_path) as (c, ws, job, start):
+        jid, attempt, now = start["job_id"], start["attempt"], time.time()
+        ev = {"job_id": jid, "attempt": attempt, "time": now}
+        bad = [
+            events_msg({**ev, "agent_seq": 1, "type": "worker_exited", "data": {"rank": "abc", "code": 0}}),
+            events_msg({**ev, "agent_seq": 2, "type": "log", "time": float("nan"), "data": {}}),
+            events_msg({**ev, "agent_seq": 2**63, "type": "log", "data": {}}),
+            '{"type": "events", "events": ' + "[" * 5000 + "]" * 5000 + "}",
+            "not json",
+        ]
+        for msg in bad:
+            ws.send(msg)
+            assert recv_until(ws, "error")["error"]
+        ws.send(events_msg({**ev, "agent_seq": 4, "type": "log",
+                            "data": {"rank": 0, "stream": "stdout", "line": "fi\x00ne\n"}},
+                           {**ev, "agent_seq": 5, "type": "worker_exited", "data": {"rank": 0, "code": 0}}))
+        assert recv_until(ws, "ack")["agent_seq"] == 5
+        assert job.wait(30) == JobState.SUCCEEDED
+        assert job.logs() == "fi\x00ne\n"  # a program may print any character
+        ws.send(events_msg({**ev, "agent_seq": 1, "type": "worker_exited", "data": {"rank": "abc"}}))
+        assert recv_until(ws, "ack")["agent_seq"] == 5  # a replay of the skipped batch: nothing fails
         assert c.health()["ok"]
 
 
@@ -338,26 +345,20 @@ def test_a_batch_of_lines_is_appended_in_order_and_fenced_line_by_line(tmp_path)
     """Runs of log lines in one agent message are appended together (bench/load.py): the
     job's events keep the message's order around other events, a replayed part is skipped,
     and lines about a job not placed on the node are refused one by one."""
-    with LocalCluster(nodes=0, home=tmp_path / "home") as cluster, cluster.client() as c:
-        token = enroll(cluster, "scripted").json()["token"]
-        with agent_socket(cluster, token) as ws:
-            ws.send(hello("scripted", devices=1))
-            recv_until(ws, "welcome")
-            job = c.submit("x = 1")
-            start = recv_until(ws, "start")
-            queued = c.submit("y = 2")  # no device left for it: placed nowhere
-            ev = {"job_id": start["job_id"], "attempt": start["attempt"], "time": time.time()}
-            other = {**ev, "job_id": queued.id, "attempt": 0}
-            line = lambda seq, text, e=ev: {**e, "agent_seq": seq, "type": "log",
-                                             "data": {"rank": 0, "stream": "stdout", "line": text}}
-            ws.send(events_msg(line(1, "a\n"), line(2, "b\n"), line(3, "c\n"),
-                               {**ev, "agent_seq": 4, "type": "progress", "data": {"rank": 0, "step": 1}},
-                               line(5, "d\n"), line(6, "spy\n", other), line(7, "spy\n", other), line(8, "e\n")))
-            assert recv_until(ws, "ack")["agent_seq"] == 8
-            ws.send(events_msg(line(7, "replayed\n"), line(8, "replayed\n"), line(9, "f\n"),
-                               {**ev, "agent_seq": 10, "type": "worker_exited", "data": {"rank": 0, "code": 0}}))
-            assert recv_until(ws, "ack")["agent_seq"] == 10
-            assert job.wait(30) == JobState.SUCCEEDED
+    with scripted_node(tmp_path) as (c, ws, job, start):
+        queued = c.submit("y = 2")  # no device left for it: placed nowhere
+        ev = {"job_id": start["job_id"], "attempt": start["attempt"], "time": time.time()}
+        other = {**ev, "job_id": queued.id, "attempt": 0}
+        line = lambda seq, text, e=ev: {**e, "agent_seq": seq, "type": "log",
+                                         "data": {"rank": 0, "stream": "stdout", "line": text}}
+        ws.send(events_msg(line(1, "a\n"), line(2, "b\n"), line(3, "c\n"),
+                           {**ev, "agent_seq": 4, "type": "progress", "data": {"rank": 0, "step": 1}},
+                           line(5, "d\n"), line(6, "spy\n", other), line(7, "spy\n", other), line(8, "e\n")))
+        assert recv_until(ws, "ack")["agent_seq"] == 8
+        ws.send(events_msg(line(7, "replayed\n"), line(8, "replayed\n"), line(9, "f\n"),
+                           {**ev, "agent_seq": 10, "type": "worker_exited", "data": {"rank": 0, "code": 0}}))
+        assert recv_until(ws, "ack")["agent_seq"] == 10
+        assert job.wait(30) == JobState.SUCCEEDED
         events = list(job.events(follow=False))
         assert [e.seq for e in events] == list(range(1, len(events) + 1))
         shown = [e.data["line"] if e.type.value == "log" else e.type.value for e in events

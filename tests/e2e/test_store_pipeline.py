@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from exactness import run_plain, source, stdout_lines, wait_for_lines
+from exactness import assert_retried_from_a_checkpoint, run_plain, source, stdout_lines, wait_for_lines
 from backend.agent.transfer import STREAM_ENV, STREAMS
 from singularity_sdk import EventType, JobState, LocalCluster
 
@@ -71,11 +71,4 @@ def test_a_migration_through_the_store_uploads_while_the_worker_writes(tmp_path,
         job.act("checkpoint")
         _until_streamed(store, job)
         os.kill(pid, signal.SIGKILL)
-        assert job.wait(180) == JobState.SUCCEEDED, job.info.error
-        events = list(job.events(follow=False))
-        assert any(e.type == EventType.RETRYING for e in events)
-        resumed = [e for e in events if e.type == EventType.RESUMED]
-        assert resumed, "the retry restored from the checkpoint written before the kill"
-        after = [e.data["line"] for e in events if e.seq > resumed[-1].seq and e.type == EventType.LOG]
-        assert after and after == expected_lines[-len(after):]
-        assert job.result() == expected_result
+        assert_retried_from_a_checkpoint(job, expected_lines, expected_result)
