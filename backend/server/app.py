@@ -41,6 +41,8 @@ from .hub import Batch
 from .service import Service, ServiceError
 
 log = logging.getLogger("singularity.server")
+#: events per frame of a batched stream's backlog (``?batch=1``)
+BACKLOG_FRAME = 1000
 
 #: Request bodies are read up to this size so that an oversize job gets a clear 413 from us
 #: rather than a dropped connection from tornado.
@@ -328,7 +330,8 @@ class JobEventsSocket(AuthedSocket):
             self.close(1011, "internal error; the server's log has the details")
             return
         self.last = self.since
-        self.send_batch(Batch(backlog))
+        for start in range(0, len(backlog), BACKLOG_FRAME):  # a long job's history: bounded frames
+            self.send_batch(Batch(backlog[start:start + BACKLOG_FRAME]))
 
         def push(batch: Batch) -> None:
             if batch.events and batch.events[0].seq <= self.last:  # (not after the backlog read)
