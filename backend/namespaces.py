@@ -33,7 +33,8 @@ import ctypes
 import os
 import signal
 import sys
-from typing import Any, Iterable, Optional
+import tempfile
+from typing import Any, Optional
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -63,8 +64,8 @@ def enter(mounts: list[dict[str, Any]], account: Optional[dict[str, Any]] = None
     """Make this (forked, single-threaded) process's sandbox; returns only in the worker.
 
     ``mounts``: ``{"kind", "path"[, "mode"]}`` in order (kinds in `KINDS`); ``account``:
-    ``{"uid", "gid", "groups"}`` to run as (root only). Raises `SandboxError` (in the keeper,
-    before anything was forked) if a step fails."""
+    ``{"uid", "gid", "groups"}`` to run as (root only). Raises `SandboxError` if a step fails:
+    in the keeper for the mounts, in the sandbox's pid 1 for ``/proc`` and the privileges."""
     libc = _libc()
     _prctl(libc, PR_SET_PDEATHSIG, signal.SIGKILL)  # the keeper dies with the spawner
     uid, gid = os.geteuid(), os.getegid()
@@ -206,26 +207,42 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
-def probe(hidden: Iterable[str] = ()) -> Optional[str]:
-    """None when a child can make a sandbox here (a fork of this process tries), else why not."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            enter([{"kind": "tmpfs", "path": "/dev/shm", "mode": 0o1777},
-                   *({"kind": "tmpfs", "path": p} for p in hidden)])
-        except BaseException as exc:
-            os.write(w, str(exc).encode()[:4000])
-            os._exit(3)
-        os._exit(0 if os.getpid() == 2 else 4)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        why = f.read().decode(errors="replace")
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    if code == 0:
-        return None
-    return why or f"the sandbox's worker did not run as pid 2 (exit {code})"
+def probe() -> Optional[str]:
+    """None when a child can make a sandbox here, with every kind of mount a job's sandbox uses
+    (a fork of this process tries: a covered folder with one inside bound back, a masked device
+    file, its own /dev/shm and /proc), else why not."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inside = os.path.join(tmp, "visible")
+        os.mkdir(inside)
+        open(os.path.join(tmp, "hidden"), "w").close()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            try:
+                enter([{"kind": "tmpfs", "path": "/dev/shm", "mode": 0o1777}, {"kind": "tmpfs", "path": tmp},
+                       {"kind": "bind", "path": inside}, {"kind": "mask", "path": "/dev/zero"}])
+                seen = sorted(os.listdir(tmp))
+                if os.getpid() != 2 or seen != ["visible"] or _opens("/dev/zero"):
+                    raise SandboxError(f"the sandbox leaks: pid {os.getpid()}, {tmp} holds {seen}, "
+                                       f"/dev/zero opens: {_opens('/dev/zero')}")
+            except BaseException as exc:
+                os.write(w, str(exc).encode()[:4000])
+                os._exit(3)
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            why = f.read().decode(errors="replace")
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return None if code == 0 else why or f"the sandbox's worker ended with {code}"
+
+
+def _opens(path: str) -> bool:
+    try:
+        open(path, "rb").close()
+        return True
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":
