@@ -196,6 +196,7 @@ class EventsSocketProxy(WebSocketMixin, websocket.WebSocketHandler, JupyterHandl
         await super().get(path, *args, **kwargs)
 
     def open(self, *args: Any, **kwargs: Any) -> None:
+        self.set_nodelay(True)  # as the backend's sockets: no ~40 ms wait for a delayed ACK
         asyncio.ensure_future(self._relay())
 
     async def _relay(self) -> None:

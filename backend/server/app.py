@@ -293,6 +293,11 @@ class AuthedSocket(tornado.websocket.WebSocketHandler):
         if self.role not in USER_ROLES:
             raise ServiceError(403, "a node agent's credential opens only the agent channel")
 
+    def open(self, *args: Any) -> None:
+        # Tornado leaves Nagle's algorithm on: a small frame written while the one before is
+        # unacknowledged waits for the peer's delayed ACK (~40 ms; bench/latency.py's p99).
+        self.set_nodelay(True)
+
     def send_json(self, payload: Any) -> None:
         self.send_text(json.dumps(payload))
 
@@ -323,6 +328,7 @@ class JobEventsSocket(AuthedSocket):
         self.since = _int_arg(self, "since", 0)
 
     def open(self, job_id: str) -> None:
+        super().open(job_id)
         try:
             backlog = self.service.store.events(job_id, self.since)
         except Exception:
@@ -360,6 +366,7 @@ class UserEventsSocket(AuthedSocket):
     unsubscribe = None
 
     def open(self) -> None:
+        super().open()
         self.unsubscribe = self.service.hub.subscribe_user(self.user, self.send_batch)
 
     def on_message(self, message: Any) -> None:
