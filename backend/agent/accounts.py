@@ -21,7 +21,7 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,10 @@ class Account:
     def env(self) -> dict[str, str]:
         """What a login as the account would set: a job's caches go to its own home."""
         return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name}
+
+    def ids(self) -> dict[str, Any]:
+        """What a fork switches to (`backend.namespaces.enter`): uid, gid and groups."""
+        return {"uid": self.uid, "gid": self.gid, "groups": list(self.groups)}
 
     def become(self) -> list[str]:
         """The command prefix that runs the rest as this account (setpriv, from util-linux)."""

@@ -47,7 +47,8 @@ from typing import Any, Iterable, Optional
 import fsspec
 
 from backend.proxy.checkpoint import digest
-from backend.proxy.checkpoint.store import BLOB_DIR, MEETING_FILE, CheckpointStore, committed_step, staging_step
+from backend.proxy.checkpoint.store import (BLOB_DIR, MEETING_FILE, CheckpointStore, committed_step, lower_this_thread,
+                                            staging_step)
 
 log = logging.getLogger("singularity.agent")
 #: the store's folder (in the job's) for the parts of checkpoints that are not complete anywhere yet
@@ -271,7 +272,6 @@ class _Stream:
             nbytes = int(entry["bytes"])
             while self.sent < nbytes and self.pump(min(STREAM_CHUNK, nbytes - self.sent)):
                 pass
-            self.close()
             return self.sent == nbytes == theirs.st_size and self.hash.hexdigest() == entry[digest.NAME]
         except OSError as exc:
             log.warning("streamed copy of %s unusable, uploading it whole: %s", local, exc)
@@ -350,7 +350,7 @@ class Streamer:
             return self.streams.pop((step, name), None) if step is not None else None
 
     def _loop(self) -> None:
-        _lower_priority()
+        lower_this_thread()
         while not self._stopping.is_set():
             with self._lock:
                 try:
@@ -415,14 +415,6 @@ def _listing(folder: Path) -> list[Path]:
         return list(folder.iterdir())
     except FileNotFoundError:
         return []
-
-
-def _lower_priority() -> None:
-    """This thread only (Linux: a thread id is a process id for setpriority) yields the CPU."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):
-        pass
 
 
 class PartExchange:

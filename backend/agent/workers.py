@@ -223,10 +223,8 @@ class JobRun:
         env = {**env, contract.ENV_SANDBOXED: "1"}
         mounts = sandbox.plan(self.hidden, visible, sandbox.gpu_files_to_mask(self._own_gpu_minors()), self.account)
         if self.spawner is not None:
-            account = None if self.account is None else {
-                "uid": self.account.uid, "gid": self.account.gid, "groups": list(self.account.groups)}
-            proc = await self.spawner.spawn(argv, env, str(rank_dir), w_fd, LINE_LIMIT,
-                                            sandbox={"mounts": [m.as_dict() for m in mounts], "account": account})
+            proc = await self.spawner.spawn(argv, env, str(rank_dir), w_fd, LINE_LIMIT, sandbox={
+                "mounts": [m.as_dict() for m in mounts], "account": self.account and self.account.ids()})
             if proc is not None:
                 return proc, proc.pid  # the keeper leads the sandbox's session
         info_r, info_w = os.pipe()

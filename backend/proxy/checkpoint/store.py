@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -47,6 +48,20 @@ _STAGING = re.compile(r"^\.ckpt-(\d{8,})\.tmp$")
 SLEEP_HOOK_ENV = "SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE"
 #: in a job's root: which place its ranks' parts meet in (`meeting_point`)
 MEETING_FILE = ".parts-meet"
+
+
+#: niceness added to a thread that writes or uploads checkpoints behind the training loop, so on
+#: a small machine it yields the core to the loop
+BACKGROUND_NICENESS = 10
+
+
+def lower_this_thread() -> None:
+    """Give the calling thread `BACKGROUND_NICENESS` (Linux: a thread's niceness is its own;
+    best effort elsewhere)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICENESS)
+    except (AttributeError, OSError):
+        pass
 
 
 def committed_step(name: str) -> Optional[int]:

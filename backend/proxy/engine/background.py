@@ -16,16 +16,10 @@ written its part before any of them continues, which a write in the background c
 """
 from __future__ import annotations
 
-import os
 import threading
-import time
 from typing import Any, Callable, Optional
 
-from ..checkpoint.store import RankFile
-
-#: niceness added to the writer thread, so on a small machine it yields the core to the training loop
-WRITER_NICENESS = 10
-
+from ..checkpoint.store import RankFile, lower_this_thread
 
 class Snapshot:
     """A checkpoint's bytes held in memory: what `state.save_graph` wrote, in the pieces it wrote."""
@@ -70,9 +64,6 @@ class Writer:
 
 def _lowered(job: Callable[[], None]) -> Callable[[], None]:
     def run() -> None:
-        try:  # Linux: a thread's niceness is its own (best effort elsewhere)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
-        except (AttributeError, OSError):
-            pass
+        lower_this_thread()
         job()
     return run
