@@ -425,7 +425,13 @@ def main(argv: Optional[list[str]] = None, extra: Sequence[Register] = ()) -> in
 
 
 def entry() -> None:
-    sys.exit(main())
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (`singularityctl show j-1 | head -3`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        code = 0
+    sys.exit(code)
 
 
 if __name__ == "__main__":

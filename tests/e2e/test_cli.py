@@ -87,3 +87,15 @@ def test_resize_a_two_rank_job_from_the_shell(cluster, tmp_path):
     ctl(cluster, "cancel", job_id)
     logs = ctl(cluster, "logs", job_id).stdout
     assert logs.startswith("[rank ") and "[rank 1] step 0 loss" in logs
+
+
+def test_a_reader_that_leaves_early_is_not_an_error(cluster):
+    """``singularityctl show j-1 | head -3``: the pipe closes under the CLI; it ends quietly."""
+    env = {**os.environ, "SINGULARITY_HOME": str(cluster.home)}
+    env.pop("SINGULARITY_URL", None)
+    env.pop("SINGULARITY_TOKEN", None)
+    proc = subprocess.Popen([sys.executable, "-m", "singularity_sdk.cli", "nodes"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # before it prints anything
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and err == "", err
