@@ -199,6 +199,11 @@ class Superseded(Payload):
     lines: Optional[int] = None
 
 
+class Rendezvous(Payload):
+    node: Optional[str] = None
+    port: int = 0
+
+
 #: the payload model of each event type
 MODELS: dict[EventType, type[Payload]] = {
     EventType.SUBMITTED: Submitted, EventType.SCHEDULED: Scheduled, EventType.STARTED: Started,
@@ -211,6 +216,7 @@ MODELS: dict[EventType, type[Payload]] = {
     EventType.RESIZED: Resized, EventType.NODE_LOST: NodeLost, EventType.RETRYING: Retrying,
     EventType.WORKER_EXITED: WorkerExited, EventType.INTERRUPTIBLE: Interruptible,
     EventType.EXACTNESS: Exactness, EventType.SUPERSEDED: Superseded,
+    EventType.RENDEZVOUS: Rendezvous,
 }
 
 

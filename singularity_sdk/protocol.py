@@ -115,6 +115,9 @@ class EventType(str, enum.Enum):
     EXACTNESS = "exactness"
     #: log lines of a dead attempt that the re-executed steps print again (backend/server/log_replay.py)
     SUPERSEDED = "superseded"
+    #: rank 0's node chose the port of the job's rendezvous (jobs whose ranks span nodes: the
+    #: other nodes start their ranks once they know it)
+    RENDEZVOUS = "rendezvous"
 
     def __str__(self) -> str:
         return self.value
@@ -377,7 +380,9 @@ class StartJob(Strict):
     local_world_size: int
     ranks: list[RankSpec]
     master_addr: str = "127.0.0.1"
-    master_port: int = 0
+    master_port: int = Field(0, ge=0, le=65535, description="0: this node hosts the job's rendezvous and picks "
+                                                           "a free port itself (announced with a rendezvous "
+                                                           "event when ranks run on other nodes too)")
     source: Optional[str] = None
     callable_b64: Optional[str] = None
     filename: str = "<cell>"

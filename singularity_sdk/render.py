@@ -105,6 +105,8 @@ def describe(ev: Event) -> str:
         who = "every rank" if p.ranks is None else f"rank(s) {p.ranks}"
         return (f"{p.lines} log line(s) of {who} superseded: the steps after the restored checkpoint "
                 f"printed them again")
+    if t == EventType.RENDEZVOUS:
+        return f"rendezvous on {p.node or '?'} port {p.port}: the ranks on other nodes start"
     return f"{t.value} {ev.data}"
 
 

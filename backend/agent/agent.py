@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -310,6 +311,9 @@ class Agent:
             if old.spec.attempt == spec.attempt:
                 return  # a duplicate start: already running
             await old.stop("superseded by a newer attempt", 1.0)
+        announce = spec.master_port == 0 and len(spec.ranks) < spec.world_size
+        if spec.master_port == 0:  # rank 0 is here: its rendezvous listens on a port free on this node
+            spec = spec.model_copy(update={"master_port": free_port()})
         run_dir = self.home / "jobs" / f"{spec.job_id}-a{spec.attempt}"
         run = JobRun(spec, run_dir, self.devices, self.threads_per_slot, self.checkpoint_root, emit=None,  # type: ignore[arg-type]
                      on_checkpoint=self._store_checkpoint if self.transfer else None, spawner=self.spawner,
@@ -318,6 +322,8 @@ class Agent:
                      agent_lease_s=self.worker_lease)
         run.emit = self.emit_for(run)
         self.runs[spec.job_id] = run
+        if announce:  # the other nodes' ranks start once the server knows the port
+            run.emit(EventType.RENDEZVOUS, {"port": spec.master_port})
         try:
             if self.transfer is not None:
                 await asyncio.to_thread(self.transfer.fence, spec.job_id, spec.attempt)
@@ -452,3 +458,11 @@ def main(argv: Optional[list[str]] = None) -> None:
                   args.checkpoint_root or base / "checkpoints", args.threads_per_slot, args.orphan_timeout,
                   args.store, args.address, args.ca, args.stop_timeout, args.lease)
     asyncio.run(agent.run())
+
+
+def free_port() -> int:
+    """A TCP port free on every interface of this node now (the kernel's choice, as torchrun
+    makes it): the job's rendezvous store binds it moments later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

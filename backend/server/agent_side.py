@@ -26,7 +26,7 @@ from singularity_sdk.protocol import (
 )
 
 from . import lifecycle, log_replay
-from .core import AgentLink, Core, Movers
+from .core import AgentLink, Core, Movers, Starts
 from .lifecycle import MOVES, JobRecord
 
 log = logging.getLogger("singularity.server")
@@ -81,6 +81,8 @@ def malformed(exc: Exception) -> str:
     """Why an event could not be applied, in words for the agent's log: the fields at fault."""
     if isinstance(exc, ValidationError):
         return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'data'}: {e['msg']}" for e in exc.errors()[:3])
+    if isinstance(exc, ValueError) and str(exc):  # the server's own words on what the event breaks
+        return str(exc)[:300]
     return type(exc).__name__
 
 
@@ -89,6 +91,7 @@ class AgentSide:
     (settled by lifecycle.py), lost nodes and moves that found no safe point."""
 
     moves: Movers  # wired by Service: a migration or resize continues there once its ranks stopped
+    starts: Starts  # wired by Service: the other nodes' ranks start once rank 0's node chose its port
 
     def __init__(self, core: Core) -> None:
         self.core = core
@@ -258,6 +261,15 @@ class AgentSide:
             if not row["last_checkpoint_json"] and (superseded := log_replay.before_fresh_start(
                     self.store.db, ae.job_id, ae.attempt)):
                 emit(EventType.SUPERSEDED, superseded)
+        elif ae.type == EventType.RENDEZVOUS:
+            chosen = read(ae)
+            host = json.loads(row["placement_json"])[0]
+            if host["node"] != node or 0 not in host["ranks"]:
+                raise ValueError(f"only rank 0's node ({host['node']}) chooses the job's rendezvous port")
+            if not 0 < chosen.port < 65536 or not state.holds_devices:
+                raise ValueError(f"a rendezvous port is 1-65535 and for a job being started, not {chosen.port}")
+            emit(EventType.RENDEZVOUS, {"node": node, "port": chosen.port}, ae.time)
+            followups.append(lambda: self.starts.rendezvous_chosen(ae.job_id, ae.attempt, chosen.port))
         elif ae.type == EventType.RESULT:
             result = read(ae)
             raw = base64.b64decode(result.pickle_b64) if result.pickle_b64 else None

@@ -175,6 +175,13 @@ class Losses(Protocol):
     def job_lost(self, info: JobInfo, why: str) -> None: ...
 
 
+class Starts(Protocol):
+    """What the agent side needs of scheduling: the rest of an attempt's starts, once rank 0's
+    node chose the rendezvous port."""
+
+    def rendezvous_chosen(self, job_id: str, attempt: int, port: int) -> None: ...
+
+
 class Quotas(Protocol):
     """What scheduling needs of usage: the quotas the snapshot carries."""
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import time
 from typing import Callable
 
@@ -109,59 +108,83 @@ class Scheduling:
         self.start_attempt(row, action.placement, action.reason, JobState.RUNNING)
 
     def start_attempt(self, row, placement: dict[str, tuple[int, ...]], reason: str, state: JobState) -> None:
-        """Record a new attempt on ``placement`` and tell each agent involved to start its ranks.
+        """Record a new attempt on ``placement`` and tell the agents involved to start its ranks.
 
-        The attempt number fences everything the previous attempt's processes still send."""
+        The attempt number fences everything the previous attempt's processes still send. Rank 0's
+        node picks the rendezvous port itself (one free there, not here); where ranks run on other
+        nodes too, they are started once it has said which (``rendezvous_chosen``)."""
         job_id = row["id"]
         attempt = row["attempt"] + 1
-        world = row["ranks"]
         # Ranks take devices in placement order, so co-located ranks are contiguous.
         flat = [(node, d) for node, devs in placement.items() for d in devs]
-        per_rank = ranks.assign(world, flat)
-        placements: dict[str, Placement] = {}
-        rank_specs: dict[str, list[RankSpec]] = {}
-        for rank, mine in enumerate(per_rank):
-            node = mine[0][0]
-            p = placements.setdefault(node, Placement(node=node, devices=[], ranks=[]))
-            p.devices.extend(d for _n, d in mine if d not in p.devices)
-            p.ranks.append(rank)
-            specs = rank_specs.setdefault(node, [])
-            specs.append(RankSpec(rank=rank, local_rank=len(specs), devices=[d for _n, d in mine]))
-        layout = ranks.layout(per_rank) if world > 1 else None
-        placement_json = [p.model_dump() for p in placements.values()]
+        placement_json = [p.model_dump() for p in _placements(ranks.assign(row["ranks"], flat))]
         with self.store.tx():
             self.store.update_job(job_id, state=state.value, attempt=attempt, stop_reason=None, exited_json="{}",
                                   placement_json=json.dumps(placement_json), error=None, not_before=None)
             ev = self.core.emit(job_id, EventType.SCHEDULED,
                             {"attempt": attempt, "reason": reason, "placement": placement_json})
         self.core.publish(row["user"], [ev])
-        # Rank 0 hosts the job's rendezvous: every rank, on any node, connects to its node's address.
+        host, host_start = next(iter(self.start_messages(self.store.job_row(job_id), master_port=0).items()))
+        self._send_start(host, host_start)
+
+    def rendezvous_chosen(self, job_id: str, attempt: int, port: int) -> None:
+        """Rank 0's node of ``attempt`` chose its rendezvous port: start the other nodes' ranks
+        (once: the agent's events are applied exactly once), unless the attempt ended meanwhile."""
+        row = self.store.job_row(job_id)
+        if row is None or row["attempt"] != attempt or not JobState(row["state"]).holds_devices:
+            return
+        for node, msg in list(self.start_messages(row, master_port=port).items())[1:]:
+            if not self._send_start(node, msg):
+                return
+
+    def start_messages(self, row, master_port: int) -> dict[str, StartJob]:
+        """The start of each node of the job's current attempt, rank 0's node first, rebuilt from
+        its row: the placement recorded there lists each node's devices in the order ranks took them."""
+        job_id, world = row["id"], row["ranks"]
+        per_rank = ranks.assign(world, [(p["node"], d) for p in json.loads(row["placement_json"])
+                                        for d in p["devices"]])
+        rank_specs: dict[str, list[RankSpec]] = {}
+        for rank, mine in enumerate(per_rank):
+            specs = rank_specs.setdefault(mine[0][0], [])
+            specs.append(RankSpec(rank=rank, local_rank=len(specs), devices=[d for _n, d in mine]))
+        layout = ranks.layout(per_rank) if world > 1 else None
+        # Every rank, on any node, connects to rank 0's node's address.
         master_addr = next((n.address for n in self.store.nodes() if n.name == per_rank[0][0][0] and n.address),
                            "127.0.0.1")
-        master_port = _free_port()
         # The cluster's default period applies to every job: the parts of one spread over nodes
         # meet through the store or a shared folder, and where neither exists each checkpoint
         # fails at once, saying so, while the job runs on (docs/distributed.md).
         every = row["checkpoint_every"] or self.config.checkpoint_every
-        for node, specs in rank_specs.items():
-            msg = StartJob(
-                job_id=job_id, attempt=attempt, world_size=world, local_world_size=len(specs), ranks=specs,
-                master_addr=master_addr, master_port=master_port,
-                source=row["source"], callable_b64=row["callable_b64"], filename=row["filename"],
-                inputs_b64=row["inputs_b64"], outputs=json.loads(row["outputs_json"]),
-                env=json.loads(row["env_json"]), args=json.loads(row["args_json"]), workdir=row["workdir"],
-                workdir_b64=row["workdir_b64"],
-                checkpoint_every=every,
-                restore=bool(row["last_checkpoint_json"]), layout=layout,
-                restore_step=json.loads(row["last_checkpoint_json"] or "{}").get("step"),
-                # a job queued before its user was in the table: an account of the user's own name,
-                # or the node refuses the start, saying so
-                run_as=self.config.run_as.get(row["user"], row["user"]) if self.config.run_as is not None else None,
-            )
-            if not self.core.send(node, msg):
-                info = self.store.job_info(job_id)
-                self.agents.job_lost(info, f"node {node} went away while the job was being started")
-                return
+        return {node: StartJob(
+            job_id=job_id, attempt=row["attempt"], world_size=world, local_world_size=len(specs), ranks=specs,
+            master_addr=master_addr, master_port=master_port,
+            source=row["source"], callable_b64=row["callable_b64"], filename=row["filename"],
+            inputs_b64=row["inputs_b64"], outputs=json.loads(row["outputs_json"]),
+            env=json.loads(row["env_json"]), args=json.loads(row["args_json"]), workdir=row["workdir"],
+            workdir_b64=row["workdir_b64"],
+            checkpoint_every=every,
+            restore=bool(row["last_checkpoint_json"]), layout=layout,
+            restore_step=json.loads(row["last_checkpoint_json"] or "{}").get("step"),
+            # a job queued before its user was in the table: an account of the user's own name,
+            # or the node refuses the start, saying so
+            run_as=self.config.run_as.get(row["user"], row["user"]) if self.config.run_as is not None else None,
+        ) for node, specs in rank_specs.items()}
+
+    def _send_start(self, node: str, msg: StartJob) -> bool:
+        if self.core.send(node, msg):
+            return True
+        self.agents.job_lost(self.store.job_info(msg.job_id), f"node {node} went away while the job was being started")
+        return False
+
+
+def _placements(per_rank: list[list[ranks.Device]]) -> list[Placement]:
+    """Each node's share of a placement, in rank order: its devices and ranks."""
+    placements: dict[str, Placement] = {}
+    for rank, mine in enumerate(per_rank):
+        p = placements.setdefault(mine[0][0], Placement(node=mine[0][0], devices=[], ranks=[]))
+        p.devices.extend(d for _n, d in mine if d not in p.devices)
+        p.ranks.append(rank)
+    return list(placements.values())
 
 
 def make_policy(config: ServiceConfig) -> Policy:
@@ -175,9 +198,3 @@ def make_policy(config: ServiceConfig) -> Policy:
 
     return SingularityPolicy(PolicyConfig(min_move_interval_s=config.min_move_interval_s,
                                           overhead_s=config.move_cost_s))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

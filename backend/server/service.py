@@ -54,7 +54,7 @@ class Service:
         self.scheduling = Scheduling(core, policy or make_policy(config))
         self.accounts = Usage(core)
         # the parts' references to each other (each declares the interface it uses)
-        self.agents.moves = self.moves
+        self.agents.moves, self.agents.starts = self.moves, self.scheduling
         self.moves.scheduling = self.scheduling
         self.scheduling.moves, self.scheduling.agents, self.scheduling.usage = self.moves, self.agents, self.accounts
         core.schedule = self.scheduling.schedule_now

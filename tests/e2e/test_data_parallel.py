@@ -152,25 +152,38 @@ def test_resize_errors_say_what_is_possible(client):
     assert waiting.info.gpus == 2
 
 
-def test_rank_0s_node_address_is_the_rendezvous_for_ranks_on_other_nodes(tmp_path):
+def test_rank_0s_node_hosts_the_rendezvous_for_ranks_on_other_nodes(tmp_path):
     """Agents report how other nodes reach them; a job's MASTER_ADDR is rank 0's node's address
     (127.0.0.2 here: another loopback address, so a job that still used 127.0.0.1 by habit would
-    pass only by luck, and one that used the wrong address would hang)."""
+    pass only by luck, and one that used the wrong address would hang), and its MASTER_PORT the
+    port rank 0's node chose and announced before the other node's ranks started."""
     from singularity_sdk import LocalCluster
 
     code = ("import os, torch, torch.distributed as dist\n"
             "dist.init_process_group('gloo')\n"
             "t = torch.ones(1) * (dist.get_rank() + 1)\n"
             "dist.all_reduce(t)\n"
-            "print(os.environ['MASTER_ADDR'], t.item(), flush=True)\n"
-            "os.environ['MASTER_ADDR'], t.item()")
+            "print(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'], t.item(), flush=True)\n"
+            "os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), t.item()")
     with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "h",
                       env={"SINGULARITY_AGENT_ADDRESS": "127.0.0.2"}) as cluster, cluster.client() as client:
         assert {n.address for n in client.nodes()} == {"127.0.0.2"}
         job = client.submit(code, gpus=2, name="two-nodes")
         assert job.wait(120) == JobState.SUCCEEDED, job.info.error
         assert {p.node for p in job.info.placement} == {"node-1", "node-2"}
-        assert job.result() == ("127.0.0.2", 3.0)
+        events = list(job.events(follow=False))
+        [chosen] = [e for e in events if e.type == EventType.RENDEZVOUS]
+        host = next(p.node for p in job.info.placement if 0 in p.ranks)
+        assert chosen.data["node"] == host
+        assert job.result() == ("127.0.0.2", chosen.data["port"], 3.0)
+        # the other node's ranks were started only once the port was known
+        started = [e for e in events if e.type == EventType.STARTED]
+        assert [e.data["node"] for e in started if e.seq > chosen.seq] != []
+        # a job on one node needs no announcement: its node picks the port and starts every rank
+        one = client.submit(code, gpus=1, ranks=2, name="one-node")
+        assert one.wait(120) == JobState.SUCCEEDED, one.info.error
+        assert not [e for e in one.events(follow=False) if e.type == EventType.RENDEZVOUS]
+        assert one.result()[1] > 0
 
 
 def test_a_rank_that_cannot_be_checkpointed_fails_the_preemption_and_all_ranks_run_on(client, reference):
