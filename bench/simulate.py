@@ -3,6 +3,8 @@
     .venv/bin/python bench/simulate.py                        # 3 weeks x 5 sizes x 3 policies
     .venv/bin/python bench/simulate.py --sizes 256 --policies singularity,tiresias
     .venv/bin/python bench/simulate.py --json out.json        # also keep every report
+    .venv/bin/python bench/simulate.py --policies singularity,tiresias --reuse out.json
+                                        # a policy change: only singularity is simulated again
 
 For every week x cluster size it prints, per policy, mean / median / p99 JCT, mean and longest
 queueing delay, each tier's device-time share and the ratios to Tiresias (same overhead X),
@@ -138,6 +140,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the tier draw")
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--json", metavar="FILE", help="write every report to FILE")
+    ap.add_argument("--reuse", metavar="FILE",
+                    help="take the reports of policies other than singularity from FILE (a --json of an earlier"
+                         " run, same seed): the baselines' rules do not change, so a policy change needs only"
+                         " its own runs")
     args = ap.parse_args(argv)
     weeks = args.weeks.split(",")
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -151,6 +157,12 @@ def main(argv: Optional[list[str]] = None) -> int:
           + ("met" if sing_ms < ROUND_BUDGET_MS else f"MISSED by {sing_ms / ROUND_BUDGET_MS - 1:.0%}"), flush=True)
     runs = [(w, p, g, args.seed) for w, g in cells for p in policies]
     reports: dict[Key, SimReport] = {}
+    if args.reuse:
+        for k, d in json.loads(Path(args.reuse).read_text()).items():
+            w, g, p = k.split("@")
+            if p != "singularity" and p in policies and (w, int(g)) in cells and d["seed"] == args.seed:
+                reports[(w, int(g), p)] = SimReport(**d)
+        runs = [r for r in runs if (r[0], r[2], r[1]) not in reports]
     if args.procs > 1:
         with ProcessPoolExecutor(max_workers=args.procs) as pool:
             for run, r in zip(runs, pool.map(_run, runs)):
