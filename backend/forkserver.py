@@ -48,6 +48,7 @@ import socket
 import subprocess
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -67,6 +68,8 @@ class Target:
     argv0: str
     #: what a child may need, imported once by the server (missing ones are skipped)
     preload: tuple[str, ...]
+    #: ``module:function`` called once after the preload, to fill caches every child inherits
+    warm: tuple[str, ...] = ()
 
 
 #: what a child may run: ``main(argv) -> int`` of these modules
@@ -75,7 +78,7 @@ TARGETS: dict[str, Target] = {
     "backend.worker.main": Target("backend.worker", (
         "backend.worker.main", "backend.proxy", "backend.proxy.distributed.collectives",
         "backend.proxy.distributed.cut", "cloudpickle", "numpy", "torch", "torch.distributed",
-        "torch.nn.parallel", "torch._dynamo")),
+        "torch.nn.parallel", "torch._dynamo"), warm=("backend.proxy.checkpoint.fingerprint:warm",)),
     # a rank of the local multi-rank launcher (tests, benchmarks)
     "backend.proxy.launch": Target("backend.proxy.launch", (
         "torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel",
@@ -159,6 +162,16 @@ def _child(request: dict[str, Any], fds: list[int], sock_fd: int) -> None:
         os._exit(0 if rc is None else rc if isinstance(rc, int) else 1)
 
 
+def _exit_finalizers_stay_here() -> None:
+    """Finalizers registered while preloading belong to this server, not to its children: a
+    child leaves with ``os._exit`` after its own exit functions, and running these too only
+    spent 60-70 ms of CPU per job (torch deregistering its operator libraries one by one,
+    freeing memory the exit frees anyway), or worse, removed this server's temporary folders.
+    The job's own finalizers, registered after the fork, still run at its exit."""
+    for fin in list(getattr(weakref.finalize, "_registry", {})):
+        fin.atexit = False
+
+
 def _like_a_fresh_interpreter(cwd: str, env: dict[str, str]) -> None:
     """What the server fixed at import time and a fresh interpreter would have chosen itself."""
     sys.path[0] = cwd  # ``python -m`` puts the working directory first
@@ -197,6 +210,10 @@ def serve(fd: int, targets: Iterable[str], with_parent: bool = False) -> None:
                 __import__(name)
             except ImportError:
                 pass
+        for hook in TARGETS[target].warm:
+            module, _, function = hook.partition(":")
+            getattr(importlib.import_module(module), function)()
+    _exit_finalizers_stay_here()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         # A CUDA context does not survive fork(): children could not use their device.

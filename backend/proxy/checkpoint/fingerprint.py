@@ -18,6 +18,7 @@ actually runs.
 """
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -28,6 +29,8 @@ from typing import Any, Optional
 OVERRIDE_ENV = "SINGULARITY_FINGERPRINT_OVERRIDE"
 #: the entries a restoring process must match
 COMPARED = ("python", "torch", "numpy", "device")
+#: the distribution of this engine (named in a checkpoint, for a refusal's message)
+ENGINE_DIST = "singularity-notebooks"
 
 
 def _override(keys: tuple[str, ...] = COMPARED) -> dict[str, Any]:
@@ -41,11 +44,21 @@ def _override(keys: tuple[str, ...] = COMPARED) -> dict[str, Any]:
     return {k: v for k, v in value.items() if k in keys} if isinstance(value, dict) else {}
 
 
+@functools.lru_cache(maxsize=None)
 def _installed(dist: str) -> Optional[str]:
+    """An installed distribution's version. Cached: a lookup scans every folder of sys.path
+    (~40 ms for the engine's own name, which may be absent), and the warm spawner fills the cache
+    once for all the workers it forks (`warm`)."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def warm() -> None:
+    """Look up what every checkpoint records, once, before the warm spawner forks workers."""
+    for dist in ("torch", "numpy", ENGINE_DIST):
+        _installed(dist)
 
 
 def _loaded_version(module: str) -> Optional[str]:
@@ -115,7 +128,7 @@ def capture(libraries: Optional[dict[str, str]] = None) -> dict[str, Any]:
             fp[lib] = None
     fp["settings"] = settings()
     fp["libraries"] = dict(libraries or {})
-    fp["engine"] = _installed("singularity-notebooks")  # who wrote it, for a refusal's message
+    fp["engine"] = _installed(ENGINE_DIST)  # who wrote it, for a refusal's message
     return fp
 
 
