@@ -51,6 +51,9 @@ ENV_SANDBOXED = "SINGULARITY_SANDBOXED"
 #: seconds without a word from the agent on stdin after which a worker ends itself (a frozen or
 #: cut-off agent cannot stop it, and the job runs elsewhere by then)
 ENV_AGENT_LEASE = "SINGULARITY_AGENT_LEASE"
+#: a job's env: "1" writes periodic checkpoints at the safe point instead of behind the loop (the
+#: way to compare the two, or to rule the background writer out when a checkpoint misbehaves)
+ENV_WRITE_IN_LINE = "SINGULARITY_WRITE_IN_LINE"
 #: the agent writes this request to every worker's stdin each AGENT_PING_S seconds
 OP_ALIVE = "alive"
 AGENT_PING_S = 1.0

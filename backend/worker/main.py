@@ -359,12 +359,16 @@ class CommitReporter:
     def _when_committed(self, data: dict[str, Any]) -> None:
         import time
 
+        from backend.proxy import CheckpointStore
+
         manifest = Path(data["path"]) / "manifest.json"
         deadline = time.monotonic() + self.timeout_s
         while not manifest.exists():
-            if time.monotonic() > deadline:
-                self.send("checkpoint_failed", {"error": f"not every rank finished checkpoint {data['path']} "
-                                                         f"within {self.timeout_s:.0f} s", "variables": []})
+            failed = CheckpointStore.failed_parts(Path(data["path"]))
+            if failed or time.monotonic() > deadline:
+                why = f"another rank could not write its part: {failed[0]}" if failed else \
+                    f"not every rank finished checkpoint {data['path']} within {self.timeout_s:.0f} s"
+                self.send("checkpoint_failed", {"error": why, "variables": []})
                 return
             time.sleep(0.005)
         try:  # the job's size on disk, all ranks together (rank 0 measured only its own part)

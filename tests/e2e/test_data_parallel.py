@@ -85,6 +85,11 @@ def test_a_killed_rank_restarts_the_job_from_its_consistent_checkpoint(client, r
     assert job.wait(180) == JobState.SUCCEEDED, job.info.error
     retry = next(e.data for e in job.events(follow=False) if e.type == EventType.RETRYING)
     assert retry["from_step"] > 5
+    # the periodic checkpoints were written behind the loop, every rank's part in the background,
+    # and the one the retry restored is among them
+    written = [e.data for e in job.events(follow=False) if e.type == EventType.CHECKPOINTED]
+    assert written and all(d.get("background") and d["snapshot_s"] <= d["seconds"] for d in written)
+    assert retry["from_step"] in {d["step"] for d in written}
     _exact_since_restore(job, reference)
 
 

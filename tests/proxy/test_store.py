@@ -111,3 +111,20 @@ def test_same_step_is_replaced_and_clear_removes_everything(tmp_path):
     assert store.latest().rank_file(0).read_bytes() == b"second"
     store.clear()
     assert list(tmp_path.iterdir()) == [] and store.latest() is None
+
+
+def test_a_rank_that_cannot_write_its_part_says_so_to_whoever_waits_for_the_set(tmp_path):
+    """Ranks write their parts behind their loops: one that fails leaves a note, so rank 0 stops
+    waiting for a commit that cannot come (the set stays uncommitted, never read)."""
+    store = CheckpointStore(tmp_path)
+    ref = store.write(3, 0, 2, lambda f: f.write(b"rank 0's part"))
+    assert store.failed_parts(ref.path) == []
+
+    def full(f):
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        store.write(3, 1, 2, full)
+    [said] = store.failed_parts(ref.path)
+    assert "No space left on device" in said
+    assert store.latest() is None

@@ -264,10 +264,15 @@ class CheckpointStore:
                 writer(hw)
                 raw.flush()
                 os.fsync(raw.fileno())
-        except BaseException:
+        except BaseException as exc:
             part.unlink(missing_ok=True)
             if world_size == 1:
                 shutil.rmtree(staging, ignore_errors=True)
+            else:  # the set will never be complete: say so to whoever waits for its commit
+                try:
+                    (staging / f"rank-{rank}.failed").write_text(f"{type(exc).__name__}: {exc}")
+                except OSError:
+                    pass
             raise
         os.replace(part, staging / name)
         side = staging / f"rank-{rank}.json"
@@ -321,6 +326,16 @@ class CheckpointStore:
             os.replace(staging, final)
         _fsync_dir(self.root)
         self.prune()
+
+    @staticmethod
+    def failed_parts(final: Path) -> list[str]:
+        """What the ranks whose part of checkpoint ``final`` could not be written said (empty
+        while the set may still complete)."""
+        staging = final.parent / f".{final.name}.tmp"
+        try:
+            return [p.read_text() for p in staging.glob("rank-*.failed")]
+        except OSError:
+            return []
 
     # ------------------------------------------------------------------ reading
     def _committed(self) -> list[tuple[int, Path]]:

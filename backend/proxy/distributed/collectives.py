@@ -29,6 +29,7 @@ import functools
 import inspect
 import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from datetime import timedelta
@@ -119,6 +120,11 @@ def _one(tensors: Any, what: str) -> torch.Tensor:
     return tensors[0]
 
 
+#: how long rank 0, whose process holds the job's rendezvous store, waits at its exit for the
+#: other ranks to leave (`SingularityProcessGroup._leave_last`)
+DEPARTURE_WAIT_S = 10.0
+
+
 # ---------------------------------------------------------------------------- the process group
 class SingularityProcessGroup(dist.ProcessGroup):
     """One rank's view of a job's collectives: logical ranks outside, placement inside."""
@@ -149,6 +155,8 @@ class SingularityProcessGroup(dist.ProcessGroup):
             self._turns = TurnRing(dist.PrefixStore(f"sg/turn/{self._links.slot_index}/", store),
                                    slot.index(rank), len(slot), timeout)
         self._closed = False
+        #: the default group: where its ranks count their departures (see `_leave_last`)
+        self._departures = dist.PrefixStore("sg/exit/", store) if cut is not None and size > 1 else None
         _LIVE.add(self)
         if cut is not None:
             cut.attach(self)
@@ -440,7 +448,22 @@ class SingularityProcessGroup(dist.ProcessGroup):
             self._cut.detach(self)
         if self._turns is not None:
             self._turns.leave()
+        self._leave_last()
         self._links.close()
+
+    def _leave_last(self) -> None:
+        """The job's rendezvous store lives in rank 0's process, and a rank that shares its device
+        still needs it after the last collective, to be handed its turn back: rank 0 leaves only
+        once every rank has (at most DEPARTURE_WAIT_S: a rank that died never comes)."""
+        if self._departures is None:
+            return
+        try:
+            self._departures.add("left", 1)
+            deadline = time.monotonic() + DEPARTURE_WAIT_S
+            while self._rank == 0 and self._departures.add("left", 0) < self._size and time.monotonic() < deadline:
+                time.sleep(0.005)
+        except (RuntimeError, OSError):  # DistNetworkError / DistStoreError: rank 0 is gone already
+            pass
 
     def abort(self) -> None:
         self.shutdown()

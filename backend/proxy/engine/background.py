@@ -11,8 +11,12 @@ preemption that arrives mid-write waits only for that write (a periodic one due 
 skipped: controller.py).  The ``checkpointed`` event is sent
 when the write has committed, never before; a kill -9 during it leaves the previous checkpoint.
 
-Only one-rank jobs write behind: the ranks of a data-parallel job agree that every rank has
-written its part before any of them continues, which a write in the background cannot promise.
+The ranks of a data-parallel job write behind too: they agree, as for a write in line, that
+every rank took its snapshot (and that their parts will meet in one folder) before any goes on;
+each then writes its part in its own background thread, and the last part in commits the set.
+A rank whose background write fails says so at once (``checkpoint_failed``) and leaves a
+``rank-R.failed`` note in the staging folder, so rank 0, which reports the commit, stops waiting
+for a set that will never be complete (`CheckpointStore.failed_parts`).
 """
 from __future__ import annotations
 

@@ -7,10 +7,12 @@ once a second, a trace) raises the flag; the next safe point then calls `poll` u
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable, Optional
 
+from backend.contract import ENV_WRITE_IN_LINE
 from . import background
 from .checkpoint_request import CheckpointRequest, Then, merge
 from .ports import RuntimeView
@@ -35,8 +37,8 @@ class Controller:
         self.on_event = on_event
         #: read by every safe point; True means "take the slow path at the next one"
         self.flag = False
-        #: a one-rank checkpoint the job runs on after is written behind the loop (background.py)
-        self.write_behind = True
+        #: a checkpoint the job runs on after is written behind the loop (background.py)
+        self.write_behind = os.environ.get(ENV_WRITE_IN_LINE) != "1"
         self.writer = background.Writer()
         self._lock = threading.Lock()
         self._pending: Optional[CheckpointRequest] = None

@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from .checkpoint_request import CheckpointRequest
 from ..checkpoint.errors import CheckpointFailure, Preempted
+from .background import Snapshot
+from .checkpoint_request import CheckpointRequest
 from .ports import RuntimeView
 from .state import write_checkpoint
 
@@ -24,20 +25,25 @@ def take(rt: RuntimeView, request: CheckpointRequest, boundary: Optional[int]) -
     label = rt.step if request.label is None else request.label
     ctl.emit("checkpoint_started", {"step": label, "reason": request.reason, "then": request.then})
     failure: Optional[dict] = None
+    behind = writes_behind(rt, request)
     try:
-        if writes_behind(rt, request):  # snapshot now; write and report behind the loop
-            _write_behind(rt, boundary, label, started, wait_s)
-            return
-        ref, nbytes, rebuilt = write_checkpoint(rt, boundary, label)
+        if behind:  # snapshot now; write and report behind the loop
+            snap, nbytes, rebuilt = write_checkpoint(rt, boundary, label, snapshot=True)
+        else:
+            ref, nbytes, rebuilt = write_checkpoint(rt, boundary, label)
     except CheckpointFailure as e:
         failure = {"error": str(e), "variables": e.variables}
     except Exception as e:  # disk full, permissions...: report, keep running
         failure = {"error": f"{type(e).__name__}: {e}", "variables": []}
     if failure is not None:
         ctl.emit("checkpoint_failed", failure)
+    # every rank of the job runs on: none stops at, or writes, a checkpoint another rank lacks
     if not ctl.all_written(failure is None) or failure is not None:
-        return  # every rank of the job runs on: none stops at a checkpoint another rank lacks
+        return
     ctl.checkpoint_written()
+    if behind:
+        _write_behind(rt, snap, label, nbytes, rebuilt, started, wait_s)
+        return
     ctl.emit("checkpointed", {"step": label, "bytes": nbytes, "seconds": time.monotonic() - started,
                               "wait_s": wait_s, "path": str(ref.path), "rebuilt": rebuilt})
     if request.then == "stop":
@@ -47,21 +53,21 @@ def take(rt: RuntimeView, request: CheckpointRequest, boundary: Optional[int]) -
 
 
 def writes_behind(rt: RuntimeView, request: CheckpointRequest) -> bool:
-    """Whether this checkpoint may be written behind the loop (background.py says why only these)."""
-    ctl = rt.ctl
-    return request.then == "continue" and ctl.world_size == 1 and ctl.write_behind
+    """Whether this checkpoint may be written behind the loop: one the job runs on after (the
+    same answer on every rank of a job: the request and the setting are the job's)."""
+    return request.then == "continue" and rt.ctl.write_behind
 
 
-def _write_behind(rt: RuntimeView, boundary: Optional[int], label: int, started: float, wait_s: float) -> None:
-    """Snapshot now (a `CheckpointFailure` is raised here, as for a write), write and report behind."""
+def _write_behind(rt: RuntimeView, snap: Snapshot, label: int, nbytes: int, rebuilt: list,
+                  started: float, wait_s: float) -> None:
+    """Write the snapshot every rank took (they agreed it was taken) in the background and report
+    when it has committed; for several ranks the last part in commits the set (store.py)."""
     ctl = rt.ctl
-    snap, nbytes, rebuilt = write_checkpoint(rt, boundary, label, snapshot=True)
     snapshot_s = time.monotonic() - started
-    ctl.checkpoint_written()
 
     def job() -> None:
         try:
-            ref = ctl.store.write(label, ctl.rank, 1, snap.write_to)
+            ref = ctl.store.write(label, ctl.rank, ctl.world_size, snap.write_to)
         except Exception as e:  # disk full, permissions: the job runs on, the previous one stays
             ctl.emit("checkpoint_failed", {"error": f"{type(e).__name__}: {e}", "variables": []})
             return
