@@ -46,12 +46,17 @@ def rendezvous(job, node_seq: int, port: int) -> AgentEvent:
                       time=time.time(), data={"port": port})
 
 
-def test_the_other_nodes_start_only_once_rank_0s_node_named_its_port(service):
-    svc, links = service
+def placed_on_two_nodes(svc):
+    """A job of two ranks, placed on both nodes; and rank 0's node."""
     job = svc.submit("alice", SubmitRequest(source="pass", gpus=2))
     svc.schedule_now()
     job = svc.job("alice", job.id)
-    host = next(p.node for p in job.placement if 0 in p.ranks)
+    return job, next(p.node for p in job.placement if 0 in p.ranks)
+
+
+def test_the_other_nodes_start_only_once_rank_0s_node_named_its_port(service):
+    svc, links = service
+    job, host = placed_on_two_nodes(svc)
     other = next(n for n in links if n != host)
     [first] = links[host].starts()
     assert first.master_port == 0 and [r.rank for r in first.ranks] == [0]
@@ -74,10 +79,7 @@ def test_the_other_nodes_start_only_once_rank_0s_node_named_its_port(service):
 
 def test_a_port_out_of_range_is_refused_and_nothing_starts(service):
     svc, links = service
-    job = svc.submit("alice", SubmitRequest(source="pass", gpus=2))
-    svc.schedule_now()
-    job = svc.job("alice", job.id)
-    host = next(p.node for p in job.placement if 0 in p.ranks)
+    job, host = placed_on_two_nodes(svc)
     refused: list[str] = []
     svc.agent_events(host, [rendezvous(job, 1, 70000)], reject=lambda seq, why: refused.append(why))
     assert refused and "1-65535" in refused[0]
