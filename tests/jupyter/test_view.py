@@ -18,6 +18,7 @@ P2 = [{"node": "node-2", "devices": [0], "ranks": [0, 1, 2, 3]}]
 STORY = [
     (EventType.SUBMITTED, {"user": "ada", "name": "finetune", "gpus": 4, "ranks": 4, "sla": "basic", "kind": "source"}),
     (EventType.SCHEDULED, {"attempt": 1, "placement": P1, "reason": "fifo"}),
+    (EventType.RENDEZVOUS, {"node": "node-1", "port": 41234}),
     (EventType.STARTED, {"node": "node-1", "ranks": [0, 1], "pids": {"0": 11, "1": 12}, "devices": [0, 1], "attempt": 1}),
     (EventType.INTERRUPTIBLE, {"interruptible": False, "safe_points": [], "not_safe_points": [
         {"line": 3, "kind": "for", "function": "main"}], "called_from": {"main": [9]},
