@@ -143,10 +143,6 @@ def poll_cost() -> None:
     from backend.proxy.distributed.cut import ConsistentCut
 
     class Channel:
-        def exchange_flags(self) -> None:
-            cut._outgoing()
-            cut._resolve(0)
-
         def drain(self) -> None:
             pass
 

@@ -6,6 +6,7 @@ error propagation); the multi-process DDP tests are in test_collectives_ddp.py.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any, Callable, Optional
 
@@ -270,7 +271,13 @@ def test_request_on_one_rank_is_decided_by_all_at_the_same_step(placement: str, 
     assert all(c.ticks == 0 for c in cuts), "allreduces carried the flag: no extra exchange needed"
 
 
-def test_without_allreduces_the_cut_ticks_every_k_safe_points() -> None:
+def _root_0() -> Any:
+    o = dist.BroadcastOptions()
+    o.rootRank = 0
+    return o
+
+
+def test_without_allreduces_the_cut_ticks_after_every_k_other_collectives() -> None:
     cuts = [ConsistentCut(every=4) for _ in range(3)]
 
     def body(pg: SingularityProcessGroup, rank: int) -> list:
@@ -278,14 +285,90 @@ def test_without_allreduces_the_cut_ticks_every_k_safe_points() -> None:
         for step in range(20):
             if rank == 0 and step == 6:
                 cuts[rank].request("continue")
+            pg.broadcast([torch.full((4,), float(rank))], _root_0()).wait()
             d = cuts[rank].poll(step)
             if d is not None:
                 decisions.append(d.step)
         return decisions
 
     out = run_group("0|2|1", body, cuts=cuts)
-    assert out == [[8]] * 3  # windows close at steps 4, 8, ...: the first after the request is 8
-    assert [c.ticks for c in cuts] == [4, 4, 4]
+    assert out == [[7]] * 3  # ticks follow broadcasts 4, 8, ...: the first after the request is step 7's
+    assert [c.ticks for c in cuts] == [5, 5, 5]
+
+
+def test_ranks_with_different_safe_points_agree_without_ticking_apart() -> None:
+    """Rank 0 passes three times as many safe points as the others (a loop only it runs), and
+    between small allreduces every rank runs a loop bounded by time: a tick decided by counting
+    safe points would meet a different collective on another rank and hang. Collectives are
+    what the ranks share; the cut counts those."""
+    cuts = [ConsistentCut(every=2) for _ in range(3)]
+
+    def body(pg: SingularityProcessGroup, rank: int) -> list:
+        decisions, safe_points = [], 0
+        for step in range(40):
+            if rank == 1 and step == 13:
+                cuts[rank].request("continue")
+            deadline = time.perf_counter() + 0.002
+            while time.perf_counter() < deadline or (rank == 0 and safe_points % 3):
+                safe_points += 1
+                if cuts[rank].poll(safe_points) is not None:
+                    decisions.append(step)
+            if step % 5 == 4:
+                allreduce(pg, rank)
+        return decisions
+
+    out = run_group("0|1|2", body, cuts=cuts)
+    assert out == [[15]] * 3  # the allreduce of step 14 carried the request: decided after it
+    assert [c.ticks for c in cuts] == [0, 0, 0]
+
+
+def test_a_rank_without_a_safe_point_between_two_collectives_is_not_cut_there() -> None:
+    """Rank 1 goes from its allreduce straight to a barrier while rank 0 validates in between
+    (safe points only it passes), as at the end of an epoch. Acting on the allreduce's flag at
+    rank 0's next safe point would checkpoint rank 0 before the barrier and rank 1 after it, and
+    each would wait for a collective the other never issues. The confirmation refuses that place;
+    the cut happens after the next tick, where both wait at a safe point."""
+    cuts = [ConsistentCut(every=4) for _ in range(2)]
+
+    def body(pg: SingularityProcessGroup, rank: int) -> list:
+        decisions, safe_points = [], 0
+        for step in range(12):
+            if rank == 1 and step == 5:
+                cuts[rank].request("continue")
+            allreduce(pg, rank)
+            if rank == 0:
+                for _ in range(3):  # validation: safe points only rank 0 passes
+                    safe_points += 1
+                    if cuts[rank].poll(safe_points) is not None:
+                        decisions.append(("validation", step))
+            pg.barrier().wait()
+            safe_points += 1
+            if cuts[rank].poll(safe_points) is not None:
+                decisions.append(("loop", step))
+        return decisions
+
+    out = run_group("0|1", body, cuts=cuts)
+    assert out == [[("loop", 7)]] * 2  # the tick after the 8th barrier (step 7) carried it
+    assert [c.refused for c in cuts] == [3, 3]  # the allreduces of steps 5, 6, 7 could not
+
+
+def test_a_phase_without_collectives_cannot_be_cut_and_the_request_waits() -> None:
+    cuts = [ConsistentCut(every=1) for _ in range(2)]
+
+    def body(pg: SingularityProcessGroup, rank: int) -> list:
+        decisions = []
+        if rank == 0:
+            cuts[rank].request("stop")
+        for step in range(30):
+            if cuts[rank].poll(step) is not None:
+                decisions.append(step)
+        pending = cuts[rank].pending_request
+        allreduce(pg, rank)
+        if cuts[rank].poll(30) is not None:
+            decisions.append(30)
+        return [decisions, pending is not None]
+
+    assert run_group("0|1", body, cuts=cuts) == [[[30], True], [[30], False]]
 
 
 def test_plain_reduction_lets_large_allreduces_go_unflagged_and_ticks_instead() -> None:
@@ -302,7 +385,7 @@ def test_plain_reduction_lets_large_allreduces_go_unflagged_and_ticks_instead() 
                 decisions.append((d.step, d.then))
         return decisions
 
-    assert run_group("1|0", body, "plain", cuts) == [[(6, "stop")]] * 2
+    assert run_group("1|0", body, "plain", cuts) == [[(5, "stop")]] * 2  # the tick after step 5's
     assert [c.ticks for c in cuts] == [3, 3]
 
 

@@ -185,6 +185,11 @@ class SingularityProcessGroup(dist.ProcessGroup):
     def turns(self) -> Optional[TurnRing]:
         return self._turns
 
+    @property
+    def _ring(self) -> Optional[TurnRing]:
+        """The turns this group's ranks take on a shared device (its own, or the job's)."""
+        return self._turns if self._turns is not None else self._job_turns
+
     def start_turns(self) -> None:
         """Begin taking turns (after ``init_process_group`` returns: it may hold a barrier)."""
         if self._turns is not None and not self._turns.holding:
@@ -203,25 +208,38 @@ class SingularityProcessGroup(dist.ProcessGroup):
         with self._issue_lock:
             if self._closed:
                 raise RuntimeError("this process group was shut down")
-            flagged = flagged and self._cut is not None
-            bits = self._cut._outgoing() if flagged else 0  # type: ignore[union-attr]
+            cut = self._cut
+            flagged = flagged and cut is not None
+            bits = cut._outgoing() if flagged else 0  # type: ignore[union-attr]
             self._worker.submit(QueuedCollective(run, work, list(outputs if outputs is not None else tensors), flagged,
                                      bits, fence))
-        ring = self._turns if self._turns is not None else self._job_turns
-        if ring is not None:
-            ring.yield_turn()
+            if cut is not None and not flagged and cut._tick_due():
+                # right behind this collective, at the same place of every rank's sequence
+                self._worker.submit(QueuedCollective(self._exchange_flags, FutureWork(Future()), [], True,
+                                                     cut._outgoing(), None))
+        if self._ring is not None:
+            self._ring.yield_turn()
         return work
 
     # ------------------------------------------------------------------ the cut's channel
-    def exchange_flags(self) -> None:
-        def run(bits: int) -> tuple[Any, int]:
-            buf = torch.full((1,), bits, dtype=torch.int64)
-            opts = dist.AllreduceOptions()
-            opts.reduceOp = dist.ReduceOp.BOR
-            self._links.wait(self._links.gloo.allreduce([buf], opts))
-            return [buf], int(buf.item())
+    def confirm(self, word: int) -> int:
+        return self._exchange_flags(word)[1]
 
-        self._issue(run, [], flagged=True).wait()
+    def step_aside(self) -> None:
+        if self._ring is not None:
+            self._ring.suspend()
+
+    def step_back(self) -> None:
+        if self._ring is not None:
+            self._ring.resume()
+
+    def _exchange_flags(self, bits: int) -> tuple[Any, int]:
+        """An explicit 8-byte flag exchange (a tick): the OR of every rank's bits."""
+        buf = torch.full((1,), bits, dtype=torch.int64)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.BOR
+        self._links.wait(self._links.gloo.allreduce([buf], opts))
+        return [buf], int(buf.item())
 
     def drain(self) -> None:
         self._worker.drain()
@@ -442,6 +460,8 @@ class SingularityProcessGroup(dist.ProcessGroup):
             if self._closed:
                 return
             self._closed = True
+        if self._cut is not None:
+            self._cut.leave()  # a confirmation waiting for this rank's next move gets "not ready"
         self._worker.drain()
         self._worker.stop()
         if self._cut is not None:

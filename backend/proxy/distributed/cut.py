@@ -1,24 +1,36 @@
 """Consistent cut: every rank of a job checkpoints at the same safe point.
 
 A checkpoint request reaches one rank (the worker that got a preemption, a rank's timer) at an
-arbitrary moment; the checkpoint must be taken by all W ranks at the same step, or the restored
-ranks would disagree about which collectives already happened.  Agreement rides on the job's own
-collectives, as in Singularity: every allreduce through the proxy's backend carries an 8-byte
-flag word (this rank's pending request bits), and its result carries the OR over all ranks.  Each
-rank counts the flagged exchanges it has *issued*; at a safe point it waits (usually not at all:
-DDP has already waited for its allreduces when ``backward()`` returns) until the results of all
-of them are in, and checkpoints iff any of those results was set.  Issue counts at a given step
-are the same on every rank (the ranks run the same program), so the answer is too.
+arbitrary moment; the checkpoint must be taken by all W ranks at the same point of their shared
+sequence of collectives, or the restored ranks would disagree about which collectives already
+happened.  Agreement rides on the job's own collectives, as in Singularity: every allreduce
+through the proxy's backend carries an 8-byte flag word (this rank's pending request bits), and
+its result carries the OR over all ranks.  Each rank counts the flagged exchanges it has
+*issued*; at a safe point it waits (usually not at all: DDP has already waited for its
+allreduces when ``backward()`` returns) until the results of all of them are in.
 
-A loop that issues no allreduce for ``every`` safe points gets an explicit 8-byte flag exchange
-at the next multiple-of-``every`` window, so requests are still honoured (and the rule that picks
-those steps is itself a function of step and issue counts only).
+A set result is not acted on at once: the ranks' safe points differ (a validation pass only
+rank 0 runs), and one rank may reach a safe point after that exchange while another issues its
+next collective first, so they would checkpoint at different places of the sequence.  Right
+after a set result, every rank's collective thread holds one more 8-byte exchange, the
+*confirmation*, until its rank either waits at a safe point having issued nothing since (ready)
+or issues another collective (not ready).  All ready: every rank checkpoints where it waits.
+Otherwise none does, and the request, still pending on its rank, rides the next exchange.
+
+Every ``every``-th collective that carries no flag word (broadcasts, gathers, barriers,
+allreduces too large for the plain path's flag) is followed by an explicit 8-byte flag exchange,
+a *tick*: a loop without allreduces is still cut, and so is one whose allreduces are always
+followed by another collective before some rank's next safe point.  The rule counts collectives, never safe points: the ranks share their sequence of
+collectives, while their safe points differ as soon as one rank runs a loop the others do not
+(a validation pass on rank 0, a loop bounded by time).  A phase with no collective at all
+cannot be cut: a request waits for the next collective.
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
@@ -29,6 +41,8 @@ CONTINUE = 1
 STOP = 2
 #: a rank's request outlived its bound: every rank drops the pending request, none checkpoints
 EXPIRED = 4
+#: in a confirmation: this rank issued a collective before it reached a safe point
+NOT_READY = 8
 CUT_EVERY_ENV = "SINGULARITY_CUT_EVERY"
 DEFAULT_EVERY = 32
 
@@ -36,8 +50,14 @@ DEFAULT_EVERY = 32
 class FlagChannel(Protocol):
     """What the cut needs from the default process group."""
 
-    def exchange_flags(self) -> None:
-        """Issue an explicit flag exchange now (it calls `ConsistentCut._outgoing` in issue order)."""
+    def confirm(self, word: int) -> int:
+        """Run an 8-byte OR exchange now, on the group's collective thread (the caller)."""
+
+    def step_aside(self) -> None:
+        """Let the ranks that share this rank's device run (pass the turn without waiting)."""
+
+    def step_back(self) -> None:
+        """Wait for this rank's turn again after `step_aside`."""
 
     def drain(self) -> None:
         """Return once every collective issued so far has completed."""
@@ -65,7 +85,7 @@ class ConsistentCut:
         if every is None:
             every = int(os.environ.get(CUT_EVERY_ENV, DEFAULT_EVERY) or DEFAULT_EVERY)
         if every < 1:
-            raise ValueError("every must be at least 1 safe point")
+            raise ValueError("every must be at least 1 collective")
         self.every = every
         self._cond = threading.Condition()
         self._channel: Optional[FlagChannel] = None
@@ -75,9 +95,16 @@ class ConsistentCut:
         self._issued = 0
         self._resolved = 0
         self._agreed = 0  # OR of resolved results not yet acted on
-        self._window_step: Optional[int] = None
-        self._window_issued = 0
-        #: explicit flag exchanges issued by this cut (the steady state of a DDP loop has none)
+        self._unflagged = 0  # collectives without the flag word issued since the last tick
+        self._seq = 0  # collectives issued on the group (its sequence, shared by all ranks)
+        self._flag_seqs: deque[int] = deque()  # place in the sequence of each unresolved exchange
+        self._parked = False  # the rank waits in `poll`, at a safe point
+        self._confirming = False
+        self._leaving = False
+        self._go = 0  # bits every rank confirmed: acted on where the rank waits
+        #: confirmations that found a rank not at a safe point (the request rode on)
+        self.refused = 0
+        #: explicit flag exchanges issued (the steady state of a DDP loop has none)
         self.ticks = 0
         self.decisions: list[Decision] = []
 
@@ -126,31 +153,37 @@ class ConsistentCut:
         channel = self._channel
         if channel is None:
             return None
+        aside = False
         with self._cond:
-            tick = reset = False
-            if self._window_step is None:
-                self._window_step, self._window_issued = step, self._issued
-            elif step - self._window_step >= self.every:
-                tick = self._issued == self._window_issued  # no allreduce carried flags lately
-                self._window_step, reset = step, True
-        if tick:
-            channel.exchange_flags()
-            self.ticks += 1
-        with self._cond:
-            if reset:
-                self._window_issued = self._issued
-            while self._resolved < self._issued:
-                self._cond.wait()
-            bits, self._agreed = self._agreed, 0
+            self._parked = True
+            self._cond.notify_all()  # a confirmation may be waiting for this safe point
+            try:
+                while self._resolved < self._issued or self._confirming:
+                    if self._confirming and not aside:
+                        # ranks sharing this rank's device must reach theirs too: let them run
+                        aside = True
+                        self._cond.release()
+                        try:
+                            channel.step_aside()
+                        finally:
+                            self._cond.acquire()
+                        continue
+                    self._cond.wait()
+            finally:
+                self._parked = False
+            bits, self._go = self._go, 0
+            decision = None
             if bits & EXPIRED:  # some rank's bound passed: drop the request everywhere
                 self._local = 0
                 self._requested_at = None
-                return None
-            if not bits:
-                return None
-            self._local = 0
-            self._requested_at = None
-            decision = Decision(step, "stop" if bits & STOP else "continue", self._issued)
+            elif bits:
+                self._local = 0
+                self._requested_at = None
+                decision = Decision(step, "stop" if bits & STOP else "continue", self._issued)
+        if aside:
+            channel.step_back()
+        if decision is None:
+            return None
         channel.drain()
         self.decisions.append(decision)
         return decision
@@ -164,8 +197,16 @@ class ConsistentCut:
         with self._cond:
             self._channel = channel
             self._issued = self._resolved = 0
-            self._agreed = 0
-            self._window_step = None
+            self._agreed = self._go = 0
+            self._unflagged = self._seq = 0
+            self._flag_seqs.clear()
+            self._confirming = self._leaving = False
+
+    def leave(self) -> None:
+        """The group is shutting down: a confirmation waiting for this rank answers not ready."""
+        with self._cond:
+            self._leaving = True
+            self._cond.notify_all()
 
     def detach(self, channel: FlagChannel) -> None:
         with self._cond:
@@ -178,13 +219,53 @@ class ConsistentCut:
         """Bits for the flagged exchange being issued now (callers serialise issues)."""
         with self._cond:
             self._issued += 1
+            self._seq += 1
+            self._flag_seqs.append(self._seq)
+            self._cond.notify_all()  # a confirmation may be waiting for this rank's next move
             return self._local
 
+    def _tick_due(self) -> bool:
+        """Called after issuing a collective without the flag word (callers serialise issues):
+        whether an explicit flag exchange must follow it now. Every rank issues the same
+        collectives in the same order, so every rank ticks after the same one. (A DDP loop issues
+        only flagged allreduces: it never ticks.)"""
+        with self._cond:
+            self._seq += 1
+            self._cond.notify_all()
+            self._unflagged += 1
+            if self._unflagged < self.every:
+                return False
+            self._unflagged = 0
+            self.ticks += 1
+            return True
+
     def _resolve(self, bits: int) -> None:
-        """Result of the oldest unresolved exchange (results arrive in issue order)."""
+        """Result of the oldest unresolved exchange (results arrive in issue order), on the
+        collective thread, after the exchange's future completed. A set result is confirmed
+        before anyone acts on it (module docstring)."""
         with self._cond:
             self._resolved += 1
+            at = self._flag_seqs.popleft() if self._flag_seqs else self._seq
             self._agreed |= bits
+            channel = self._channel
+            if not self._agreed or channel is None:
+                self._cond.notify_all()
+                return
+            self._confirming = True
+            while not (self._parked or self._seq > at or self._leaving):
+                self._cond.wait()
+            ready = self._parked and self._seq == at and not self._leaving
+        try:
+            word = channel.confirm(0 if ready else NOT_READY)
+        except Exception:  # a peer is gone: the collectives after this one fail and say so
+            word = NOT_READY
+        with self._cond:
+            self._confirming = False
+            if word & NOT_READY:
+                self.refused += 1
+            else:
+                self._go |= self._agreed
+            self._agreed = 0
             self._cond.notify_all()
 
 

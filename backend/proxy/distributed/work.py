@@ -163,9 +163,11 @@ class CollectiveThread:
                 except BaseException as e:  # surfaces through the future, on the caller's wait()
                     err = e
                     self.error = RuntimeError(f"an earlier collective of this group failed: {e!r}")
-            if job.flagged and self._on_flag is not None:
-                self._on_flag(bits if err is None else 0)
             job.work._complete(value if err is None else job.outputs, err)
+            if job.flagged and self._on_flag is not None:
+                # after the future: a confirmation (cut.py) may wait for the rank's next move,
+                # which can be a wait on this very collective
+                self._on_flag(bits if err is None else 0)
             with self._cond:
                 self._done += 1
                 self._cond.notify_all()
