@@ -137,12 +137,40 @@ def result(page, index: int, timeout: float = 240_000) -> str:
 
 
 def backend_logs(lab: JupyterProcess) -> str:
-    """The embedded backend's and agents' logs, for a failure report."""
+    """What a failure report needs: every job's story as the embedded backend tells it (its
+    events but the log lines), the backend's and agents' logs, and Jupyter's own (the kernel's
+    errors land there)."""
+    from singularity_sdk import Client, EventType
+
     parts = []
+    try:
+        with Client(home=lab.home) as client:
+            for job in client.jobs():
+                parts.append(f"--- job {job.id} {job.info.name!r}: {job.state}")
+                logs = 0
+                for ev in job.events(follow=False):
+                    if ev.type == EventType.LOG:
+                        logs += 1
+                        continue
+                    parts.append(f"  {ev.time:.2f} {ev.type} {str(ev.data)[:200]}  (after {logs} log lines)")
+    except Exception as exc:  # the report must not hide the failure it reports
+        parts.append(f"--- the backend's jobs could not be read: {exc!r}")
     for log in sorted((lab.home / "logs").glob("*.log")):
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if "tornado.access" not in ln]
         parts.append(f"--- {log.name}\n" + "\n".join(lines[-15:]))
+    parts.append("--- jupyter's log\n" + lab.log())
     return "\n".join(parts)
+
+
+def cancel_all(lab: JupyterProcess) -> None:
+    """Cancel what a test left running, so that a failure does not hold the devices the next
+    test's cells wait for."""
+    from singularity_sdk import Client
+
+    with Client(home=lab.home) as client:
+        for job in client.jobs():
+            if not job.state.is_terminal:
+                job.cancel("the browser test ended")
 
 
 def shoot(page, folder: Path, name: str, element=None) -> Path:
@@ -173,6 +201,7 @@ def test_buttons_act_while_the_cell_runs(lab, browser, shots):
         raise
     finally:
         page.close()
+        cancel_all(lab)
 
 
 def test_preempt_resume_resize_a_running_cell_with_its_curve(lab, browser, shots):
@@ -212,3 +241,4 @@ def test_preempt_resume_resize_a_running_cell_with_its_curve(lab, browser, shots
         raise
     finally:
         page.close()
+        cancel_all(lab)
