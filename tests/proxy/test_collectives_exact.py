@@ -352,6 +352,29 @@ def test_a_rank_without_a_safe_point_between_two_collectives_is_not_cut_there() 
     assert [c.refused for c in cuts] == [3, 3]  # the allreduces of steps 5, 6, 7 could not
 
 
+def test_ranks_taking_turns_on_one_device_step_aside_while_they_confirm() -> None:
+    """Ranks 0 and 1 share a device and take turns: a rank waiting at a safe point for the
+    confirmation must pass its turn, or the other, waiting for the turn, never gets to its own
+    safe point, and neither confirms."""
+    cuts = [ConsistentCut(every=1000) for _ in range(3)]
+
+    def body(pg: SingularityProcessGroup, rank: int) -> list:
+        pg.start_turns()
+        decisions, safe_points = [], 0
+        for step in range(40):
+            if rank == 2 and step % 10 == 3:
+                cuts[rank].request("continue")
+            allreduce(pg, rank)
+            for _ in range(3 if rank == 0 else 1):  # rank 0 has more safe points
+                safe_points += 1
+                if cuts[rank].poll(safe_points) is not None:
+                    decisions.append(step)
+        return decisions
+
+    out = run_group("0,1|2", body, cuts=cuts, turns=True)
+    assert out[0] == out[1] == out[2] and len(out[0]) == 4, out
+
+
 def test_a_phase_without_collectives_cannot_be_cut_and_the_request_waits() -> None:
     cuts = [ConsistentCut(every=1) for _ in range(2)]
 

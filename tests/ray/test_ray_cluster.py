@@ -250,6 +250,8 @@ def _free_gpus(cluster: Cluster) -> int:
     import sys
 
     code = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
-            "print(int(ray.available_resources().get('GPU', 0)))")
+            "print('free GPUs', int(ray.available_resources().get('GPU', 0)), flush=True)")
     out = subprocess.run([sys.executable, "-c", code, cluster.address], capture_output=True, text=True, timeout=120)
-    return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else -1
+    # Ray may print its own warnings (a raylet's lagging heartbeats on a busy machine) around ours
+    counts = [line.split()[-1] for line in out.stdout.splitlines() if line.startswith("free GPUs ")]
+    return int(counts[-1]) if out.returncode == 0 and counts else -1

@@ -252,6 +252,7 @@ class ConsistentCut:
                 self._cond.notify_all()
                 return
             self._confirming = True
+            self._cond.notify_all()  # a rank waiting in `poll` steps aside for its device's others
             while not (self._parked or self._seq > at or self._leaving):
                 self._cond.wait()
             ready = self._parked and self._seq == at and not self._leaving
