@@ -183,7 +183,7 @@ def shoot(page, folder: Path, name: str, element=None) -> Path:
 def test_buttons_act_while_the_cell_runs(lab, browser, shots):
     page = open_notebook(lab, browser, "controls")
     try:
-        badge(page, "running")
+        badge(page, "running", timeout=120_000)  # the first job of a fresh backend: a slow machine needs time
         widget(page).locator(".singularity-progress", has_text="log line").wait_for()
         click(page, "preempt")
         badge(page, "(preempting|preempted)", timeout=5_000)
