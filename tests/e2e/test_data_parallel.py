@@ -207,3 +207,40 @@ def test_a_rank_that_cannot_be_checkpointed_fails_the_preemption_and_all_ranks_r
     assert not any(e.type in (EventType.RETRYING, EventType.PREEMPTED) for e in events)
     assert sorted(e.data["code"] for e in events if e.type == EventType.WORKER_EXITED) == [0, 0, 0, 0]
     assert (rank_lines(job), job.result()) == reference
+
+
+def test_epochs_with_rank_0_validation_and_a_barrier_resume_exactly(client):
+    """The end of an epoch is where ranks part ways: rank 0 validates (safe points only it
+    passes) while the others wait in the barrier. Interruptions at random moments, one aimed at
+    an epoch's last step, must cut every rank at the same place of the collective sequence, and
+    the run must end as an uninterrupted one. (The thread-level tests in
+    tests/proxy/test_collectives_exact.py pin the shapes the cut must refuse.)"""
+    from pathlib import Path
+
+    from exactness import PROGRAMS
+
+    script = Path(PROGRAMS) / "ddp_epochs.py"
+    plain = client.submit(script, gpus=2, name="epochs-plain")
+    assert plain.wait(180) == JobState.SUCCEEDED, plain.info.error
+    reference = rank_lines(plain)
+    assert sorted(reference) == [0, 1] and len(reference[0]) == len(reference[1]) + 4
+
+    seed = int(os.environ.get("EPOCHS_SEED", random.randrange(1 << 30)))
+    rnd = random.Random(seed)
+    job = client.submit(script, gpus=2, name="epochs-interrupted")
+    for ev in job.events():  # the request rides epoch 1's last steps, then rank 0 validates alone
+        if ev.type == EventType.LOG and ev.data.get("line", "").startswith("epoch 1 step 10 "):
+            break
+    job.preempt(timeout=120)
+    job.resume()
+    for target, action in zip(sorted(rnd.sample(range(55, 95), 2)), ("resize", "preempt")):
+        wait_for_lines(job, target)
+        if job.refresh().state != JobState.RUNNING:
+            break
+        if action == "resize":
+            job.resize(1, timeout=120)  # both ranks on one device, taking turns
+        else:
+            job.preempt(timeout=120)
+            job.resume()
+    assert job.wait(180) == JobState.SUCCEEDED, f"seed {seed}: {job.info.error}"
+    assert rank_lines(job) == reference, f"seed {seed}"
