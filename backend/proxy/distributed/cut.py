@@ -20,10 +20,10 @@ Otherwise none does, and the request, still pending on its rank, rides the next 
 Every ``every``-th collective that carries no flag word (broadcasts, gathers, barriers,
 allreduces too large for the plain path's flag) is followed by an explicit 8-byte flag exchange,
 a *tick*: a loop without allreduces is still cut, and so is one whose allreduces are always
-followed by another collective before some rank's next safe point.  The rule counts collectives, never safe points: the ranks share their sequence of
-collectives, while their safe points differ as soon as one rank runs a loop the others do not
-(a validation pass on rank 0, a loop bounded by time).  A phase with no collective at all
-cannot be cut: a request waits for the next collective.
+followed by another collective before some rank's next safe point.  The rule counts
+collectives, never safe points: the ranks share their sequence of collectives, while their safe
+points differ as soon as one rank runs a loop the others do not.  A phase with no collective at
+all cannot be cut: a request waits for the next collective.
 """
 from __future__ import annotations
 
