@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from jupyter_helpers import ROOT, JupyterProcess
+from jupyter_helpers import ROOT, JupyterProcess, cancel_quietly
 
 DOC_SHOT = ROOT / "docs" / "images" / "jupyter-widget-preempted.png"
 #: The loop sleeps so a person (or this test) has time to click; each iteration is a safe point.
@@ -169,8 +169,7 @@ def cancel_all(lab: JupyterProcess) -> None:
 
     with Client(home=lab.home) as client:
         for job in client.jobs():
-            if not job.state.is_terminal:
-                job.cancel("the browser test ended")
+            cancel_quietly(job)
 
 
 def shoot(page, folder: Path, name: str, element=None) -> Path:

@@ -296,6 +296,21 @@ def test_without_allreduces_the_cut_ticks_after_every_k_other_collectives() -> N
     assert [c.ticks for c in cuts] == [5, 5, 5]
 
 
+class SafePoints:
+    """One rank's safe points, counted as the engine counts them (each rank its own), and where
+    its cut decided to checkpoint."""
+
+    def __init__(self, cut: ConsistentCut) -> None:
+        self.cut = cut
+        self.count = 0
+        self.decisions: list[Any] = []
+
+    def __call__(self, where: Any) -> None:
+        self.count += 1
+        if self.cut.poll(self.count) is not None:
+            self.decisions.append(where)
+
+
 def test_ranks_with_different_safe_points_agree_without_ticking_apart() -> None:
     """Rank 0 passes three times as many safe points as the others (a loop only it runs), and
     between small allreduces every rank runs a loop bounded by time: a tick decided by counting
@@ -304,18 +319,16 @@ def test_ranks_with_different_safe_points_agree_without_ticking_apart() -> None:
     cuts = [ConsistentCut(every=2) for _ in range(3)]
 
     def body(pg: SingularityProcessGroup, rank: int) -> list:
-        decisions, safe_points = [], 0
+        safe_point = SafePoints(cuts[rank])
         for step in range(40):
             if rank == 1 and step == 13:
                 cuts[rank].request("continue")
             deadline = time.perf_counter() + 0.002
-            while time.perf_counter() < deadline or (rank == 0 and safe_points % 3):
-                safe_points += 1
-                if cuts[rank].poll(safe_points) is not None:
-                    decisions.append(step)
+            while time.perf_counter() < deadline or (rank == 0 and safe_point.count % 3):
+                safe_point(step)
             if step % 5 == 4:
                 allreduce(pg, rank)
-        return decisions
+        return safe_point.decisions
 
     out = run_group("0|1|2", body, cuts=cuts)
     assert out == [[15]] * 3  # the allreduce of step 14 carried the request: decided after it
@@ -331,21 +344,17 @@ def test_a_rank_without_a_safe_point_between_two_collectives_is_not_cut_there() 
     cuts = [ConsistentCut(every=4) for _ in range(2)]
 
     def body(pg: SingularityProcessGroup, rank: int) -> list:
-        decisions, safe_points = [], 0
+        safe_point = SafePoints(cuts[rank])
         for step in range(12):
             if rank == 1 and step == 5:
                 cuts[rank].request("continue")
             allreduce(pg, rank)
             if rank == 0:
                 for _ in range(3):  # validation: safe points only rank 0 passes
-                    safe_points += 1
-                    if cuts[rank].poll(safe_points) is not None:
-                        decisions.append(("validation", step))
+                    safe_point(("validation", step))
             pg.barrier().wait()
-            safe_points += 1
-            if cuts[rank].poll(safe_points) is not None:
-                decisions.append(("loop", step))
-        return decisions
+            safe_point(("loop", step))
+        return safe_point.decisions
 
     out = run_group("0|1", body, cuts=cuts)
     assert out == [[("loop", 7)]] * 2  # the tick after the 8th barrier (step 7) carried it
@@ -360,16 +369,14 @@ def test_ranks_taking_turns_on_one_device_step_aside_while_they_confirm() -> Non
 
     def body(pg: SingularityProcessGroup, rank: int) -> list:
         pg.start_turns()
-        decisions, safe_points = [], 0
+        safe_point = SafePoints(cuts[rank])
         for step in range(40):
             if rank == 2 and step % 10 == 3:
                 cuts[rank].request("continue")
             allreduce(pg, rank)
             for _ in range(3 if rank == 0 else 1):  # rank 0 has more safe points
-                safe_points += 1
-                if cuts[rank].poll(safe_points) is not None:
-                    decisions.append(step)
-        return decisions
+                safe_point(step)
+        return safe_point.decisions
 
     out = run_group("0,1|2", body, cuts=cuts, turns=True)
     assert out[0] == out[1] == out[2] and len(out[0]) == 4, out

@@ -245,7 +245,7 @@ class ConsistentCut:
         before anyone acts on it (module docstring)."""
         with self._cond:
             self._resolved += 1
-            at = self._flag_seqs.popleft() if self._flag_seqs else self._seq
+            at = self._flag_seqs.popleft()  # where this exchange stands in the sequence
             self._agreed |= bits
             channel = self._channel
             if not self._agreed or channel is None:
