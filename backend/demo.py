@@ -29,8 +29,9 @@ def find_example(name: str) -> Path:
 def losses(job: Job) -> list[tuple[int, str]]:
     out = []
     for ev in job.events(follow=False):
-        if ev.type == EventType.LOG and (m := LOSS.search(ev.data.get("line", ""))):
-            out.append((int(m.group(1)), m.group(2)))
+        for line in ev.lines:
+            if m := LOSS.search(line):
+                out.append((int(m.group(1)), m.group(2)))
     return out
 
 
@@ -45,10 +46,9 @@ def follow_until(job: Job, since: int, lines: int) -> int:
     for ev in job.events(since=since):
         show(ev)
         since = ev.seq
-        if ev.type == EventType.LOG and LOSS.search(ev.data.get("line", "")):
-            seen += 1
-            if seen >= lines:
-                break
+        seen += sum(1 for line in ev.lines if LOSS.search(line))
+        if seen >= lines:
+            break
     return since
 
 

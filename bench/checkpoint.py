@@ -122,8 +122,8 @@ class Collector:
         return self.wait(lambda e: e.type == etype, after, timeout)
 
     def step_line(self, after: int, timeout: float = 300) -> Any:
-        return self.wait(lambda e: e.type == EventType.LOG and e.data.get("stream") == "stdout"
-                         and str(e.data.get("line", "")).startswith("step "), after, timeout)
+        return self.wait(lambda e: e.data.get("stream") == "stdout"
+                         and any(line.startswith("step ") for line in e.lines), after, timeout)
 
 
 def stop_point(c: Collector, since: int) -> dict[str, float]:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from processes import until_workers_fork  # noqa: E402
 
-from singularity_sdk import EventType, LocalCluster  # noqa: E402
+from singularity_sdk import LocalCluster  # noqa: E402
 
 
 def pct(values: list[float], p: float) -> float:
@@ -62,9 +62,9 @@ async def follow_all(cluster: LocalCluster, jobs: int, clients: int, lines: int,
                         problems.append(f"client {k}: subscribed {now - start_at:.2f} s after the lines began")
                     for ev in batch:
                         seqs.append(ev.seq)
-                        if ev.type == EventType.LOG and ev.data.get("stream") == "stdout":
-                            got += 1
-                            latencies.append(now - float(ev.data["line"]))
+                        if ev.data.get("stream") == "stdout":
+                            got += len(ev.lines)
+                            latencies.extend(now - float(line) for line in ev.lines)
                 if seqs != list(range(1, len(seqs) + 1)):
                     problems.append(f"client {k}: events not 1..n once each")
                 if got != lines:

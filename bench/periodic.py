@@ -112,8 +112,8 @@ def run_ddp(size_mb: int, every: float, steps: int, in_line: bool, ranks: int) -
         if job.wait(600) != JobState.SUCCEEDED:
             raise SystemExit(f"the job failed: {job.info.error}")
         events = list(job.events(follow=False))
-    lines = [json.loads(e.data["line"]) for e in events if e.type == EventType.LOG
-             and e.data.get("stream") == "stdout" and e.data["line"].startswith("{")]
+    lines = [json.loads(line) for e in events if e.data.get("stream") == "stdout"
+             for line in e.lines if line.startswith("{")]
     memcpy = min(d["memcpy"] for d in lines if "memcpy" in d)
     step_s = [d["s"] for d in lines if "step" in d]
     done = [e.data for e in events if e.type == EventType.CHECKPOINTED]

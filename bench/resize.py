@@ -116,15 +116,12 @@ def model_env(mb: float, layers: int, batch: int, pin: bool) -> dict[str, str]:
             "BENCH_PIN": "1" if pin else "0"}
 
 
-def is_step(ev: Any) -> bool:
-    return (ev.type == EventType.LOG and ev.data.get("stream") == "stdout"
-            and str(ev.data.get("line", "")).startswith("step "))
-
-
-def step_time(ev: Any) -> tuple[int, float]:
-    """(step, printed wall time) of a step line ``step N t T``."""
-    parts = str(ev.data["line"]).split()
-    return int(parts[1]), float(parts[3])
+def step_times(ev: Any) -> list[tuple[int, float]]:
+    """(step, printed wall time) of each step line ``step N t T`` the event carries."""
+    if ev.data.get("stream") != "stdout":
+        return []
+    parts = [line.split() for line in ev.lines if line.startswith("step ")]
+    return [(int(p[1]), float(p[3])) for p in parts]
 
 
 def scan(c: Collector, after: int, fn: Callable[[Any], bool], timeout: float = 300) -> Any:
@@ -154,7 +151,7 @@ def steps_after(c: Collector, seq: int, count: int, timeout: float = 300) -> Non
     seen = [0]
 
     def fn(ev: Any) -> bool:
-        seen[0] += is_step(ev)
+        seen[0] += len(step_times(ev))
         return seen[0] >= count
 
     scan(c, seq, fn, timeout)
@@ -168,14 +165,13 @@ def steady_window(c: Collector, seq: int, warmup: int, seconds: float, meter: Op
     skipped = [0]
 
     def fn(ev: Any) -> bool:
-        if not is_step(ev):
-            return False
-        if skipped[0] < warmup:
-            skipped[0] += 1
-            return False
-        times.append(step_time(ev)[1])
-        if meter is not None and len(times) == 1:
-            meter.begin()
+        for _step, t in step_times(ev):
+            if skipped[0] < warmup:
+                skipped[0] += 1
+                continue
+            times.append(t)
+            if meter is not None and len(times) == 1:
+                meter.begin()
         return len(times) >= 5 and times[-1] - times[0] >= seconds
 
     scan(c, seq, fn, timeout)
@@ -234,7 +230,7 @@ def transition(events: list[Any], index: int, resized: Any) -> dict[str, Any]:
     req_t = float(request.data.get("requested_at", request.time))
     nxt = next((e for e in later if e.type == EventType.RESIZING), None)
     end_t = float(nxt.data.get("requested_at", nxt.time)) if nxt else math.inf
-    stamps = [step_time(e)[1] for e in events if is_step(e)]
+    stamps = [t for e in events for _step, t in step_times(e)]
     first_t = next(t for t in stamps if t > started.time)
     before = [t for t in stamps if t < req_t][-6:]
     after = [t for t in stamps if first_t <= t < end_t][:7]

@@ -60,7 +60,7 @@ def resume_to_next_line(client) -> float:
     t0 = time.time()
     job.resume()
     for ev in job.events(since=seen):
-        if ev.type == EventType.LOG and ev.data.get("line", "").startswith("step"):
+        if any(line.startswith("step") for line in ev.lines):
             took = time.time() - t0
             break
     job.cancel()

@@ -50,18 +50,18 @@ class TextPrinter:
         self.err.flush()
 
     def _log(self, ev: Event) -> None:
-        line = str(ev.data.get("line", ""))
-        if not line.endswith("\n"):
-            line += "\n"
-        line = (f"[rank {ev.data.get('rank', 0)}] " if self.ranks > 1 else "") + line
-        if ev.data.get("stream") == "stderr":
-            if self._held or line.rstrip("\n").endswith(TRACEBACK_START):
-                self._held.append(line)
+        prefix = f"[rank {ev.data.get('rank', 0)}] " if self.ranks > 1 else ""
+        stderr = ev.data.get("stream") == "stderr"
+        for line in ev.lines:
+            line = prefix + (line if line.endswith("\n") else line + "\n")
+            if stderr:
+                if self._held or line.rstrip("\n").endswith(TRACEBACK_START):
+                    self._held.append(line)
+                else:
+                    self.err.write(line)
             else:
-                self.err.write(line)
-        else:
-            self.release()
-            self.out.write(line)
+                self.release()
+                self.out.write(line)
 
     def release(self) -> None:
         """Print the held-back traceback lines (the job went on after them)."""

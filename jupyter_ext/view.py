@@ -114,11 +114,11 @@ class JobView:
     def _apply_one(self, ev: Event) -> None:
         d, t = ev.data, ev.type
         if t == EventType.LOG:
-            line = str(d.get("line", ""))
             prefix = f"[rank {d.get('rank', 0)}] " if self.ranks > 1 else ""
-            self.logs.append(prefix + line.rstrip("\n"))
-            self._log_keys.append((ev.seq, int(d.get("rank", 0))))
-            self.log_lines += 1
+            lines = ev.lines
+            self.logs += [prefix + line.rstrip("\n") for line in lines]
+            self._log_keys += [(ev.seq, int(d.get("rank", 0)))] * len(lines)
+            self.log_lines += len(lines)
             return
         if t == EventType.SUPERSEDED:
             self._drop_superseded(d)

@@ -122,7 +122,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         for ev in job.events():
             if ev.type == EventType.LOG:
                 prefix = f"[rank {ev.data.get('rank', 0)}] " if job.info.ranks > 1 else ""
-                sys.stdout.write(prefix + ev.data.get("line", ""))
+                sys.stdout.write("".join(prefix + line for line in ev.lines))
                 sys.stdout.flush()
     return 0
 

@@ -117,8 +117,12 @@ class Series:
             values = {str(k): float(v) for k, v in d["metrics"].items() if _number(v)}
             return self._add(ev, int(d.get("rank", 0)), values, d.get("step"), "log")
         if t == EventType.LOG and self.printed and d.get("stream", "stdout") == "stdout":
-            values, step = parse_line(str(d.get("line", "")))
-            return self._add(ev, int(d.get("rank", 0)), values, step, "print") if values else False
+            added = False
+            for line in ev.lines:
+                values, step = parse_line(line)
+                if values:
+                    added = self._add(ev, int(d.get("rank", 0)), values, step, "print") or added
+            return added
         if t == EventType.SUPERSEDED:
             return self._supersede(d)
         if t in PLACED and d.get("placement"):

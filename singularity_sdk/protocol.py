@@ -260,6 +260,28 @@ class Event(Strict):
     time: float
     data: dict[str, Any] = Field(default_factory=dict)
 
+    @property
+    def lines(self) -> list[str]:
+        """A ``log`` event's lines, each with its newline (lines printed in a burst travel as
+        one event); ``[]`` for other events."""
+        return log_lines(self.data.get("line", "")) if self.type is EventType.LOG else []
+
+
+def log_lines(text: Any) -> list[str]:
+    """The lines of a ``log`` event's ``line``, each with its newline. The lines a rank printed
+    in a burst reach its agent together and travel as one event (one row, one frame for all
+    followers), so a chatty job costs per burst, not per line. A piece of an over-long line has
+    no newline."""
+    if not isinstance(text, str):
+        return [""]
+    if text.find("\n") in (-1, len(text) - 1):
+        return [text]
+    parts = text.split("\n")
+    lines = [part + "\n" for part in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
 
 class DeviceInfo(Strict):
     index: int

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import payloads
-from .protocol import Event, EventType, JobInfo, Placement
+from .protocol import Event, EventType, JobInfo, Placement, log_lines
 
 
 def _where(placement: list[Placement]) -> str:
@@ -48,7 +48,8 @@ def describe(ev: Event) -> str:
     if t == EventType.STARTED:
         return f"started on {p.node}: ranks {p.ranks}, pids {list(p.pids.values())}"
     if t == EventType.LOG:
-        return f"log[{p.rank}{'' if p.stream == 'stdout' else ' ' + p.stream}] {p.line.rstrip(chr(10))}"
+        where = f"log[{p.rank}{'' if p.stream == 'stdout' else ' ' + p.stream}]"
+        return "\n".join(f"{where} {line.rstrip(chr(10))}" for line in log_lines(p.line))
     if t == EventType.RESULT:
         return f"result: {p.repr[:200]}" + (f" (not kept: {p.error})" if p.error else "")
     if t == EventType.WORKER_EXITED:

@@ -26,8 +26,7 @@ def wait_for_lines(job: Job, count: int) -> None:
 
 
 def stdout_lines(job: Job) -> list[str]:
-    return [e.data["line"] for e in job.events(follow=False)
-            if e.type == EventType.LOG and e.data.get("stream") == "stdout"]
+    return [line for e in job.events(follow=False) if e.data.get("stream") == "stdout" for line in e.lines]
 
 
 def rank_lines(job: Job) -> dict[int, list[str]]:
@@ -35,7 +34,7 @@ def rank_lines(job: Job) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {}
     for e in job.events(follow=False):
         if e.type == EventType.LOG and e.data.get("stream") == "stdout":
-            out.setdefault(int(e.data.get("rank", 0)), []).append(e.data["line"])
+            out.setdefault(int(e.data.get("rank", 0)), []).extend(e.lines)
     return out
 
 
@@ -53,7 +52,7 @@ def assert_retried_from_a_checkpoint(job: Job, expected_lines: list[str], expect
     assert any(e.type == EventType.RETRYING for e in events)
     resumed = [e for e in events if e.type == EventType.RESUMED]
     assert resumed, "the retry restored from a checkpoint written before the kill"
-    after = [e.data["line"] for e in events if e.seq > resumed[-1].seq and e.type == EventType.LOG]
+    after = [line for e in events if e.seq > resumed[-1].seq for line in e.lines]
     assert after and after == expected_lines[-len(after):]
     assert job.result() == expected_result
 

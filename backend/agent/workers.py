@@ -38,6 +38,9 @@ Emit = Callable[[EventType, dict[str, Any]], None]
 #: returns extra event data, or raises to turn the report into checkpoint_failed.
 OnCheckpoint = Callable[["JobRun", dict[str, Any]], Awaitable[dict[str, Any]]]
 LINE_LIMIT = 1 << 20
+#: at most this many bytes of whole lines already read from a pipe travel as one log event: a
+#: chatty rank's lines cost one event each (agent, server, SQLite, followers) only when it is slow
+COALESCE_BYTES = 1 << 16
 #: how long a marked message and the lines after its mark wait for each other
 MARK_WAIT_S = 5.0
 #: "0" lets workers on CPU slots run on every core (by default a slot's ranks get its cores)
@@ -267,6 +270,11 @@ class JobRun:
                 await _until(lambda: rp.released >= mark or rp.control_closed, MARK_WAIT_S)
                 continue
             line, carry = carry + text, b""
+            if line.endswith(b"\n"):
+                more = _whole_lines_buffered(stream)
+                if more:
+                    line += await stream.readexactly(more)  # buffered: returns at once
+                    rp.passed[name] += more
             self.emit(EventType.LOG, {"rank": rp.rank, "stream": name, "line": line.decode("utf-8", "replace")})
 
     async def _control(self, rp: RankProcess) -> None:
@@ -433,6 +441,17 @@ async def _drain_output(rp: RankProcess, timeout: float = 2.0) -> None:
 def _buffered(stream: asyncio.StreamReader) -> bytes:
     # StreamReader has no public peek; its buffer holds what was read from the pipe, not yet passed on
     return bytes(getattr(stream, "_buffer", b""))
+
+
+def _whole_lines_buffered(stream: asyncio.StreamReader) -> int:
+    """How many bytes of whole lines, none of them a mark, the reader holds already (at most
+    ``COALESCE_BYTES``): they go out with the line just read, in one event, without waiting."""
+    buffered = getattr(stream, "_buffer", b"")[:COALESCE_BYTES]
+    end = buffered.rfind(b"\n") + 1
+    mark = buffered.find(output_marks.PREFIX, 0, end)
+    if mark >= 0:  # stop before the line that holds the mark: its pump loop handles it
+        end = buffered.rfind(b"\n", 0, mark) + 1
+    return end
 
 
 def _in_pipe(stream: asyncio.StreamReader) -> int:

@@ -23,7 +23,7 @@ import sqlite3
 from typing import Any, Optional
 
 from singularity_sdk.payloads import Resumed
-from singularity_sdk.protocol import EventType
+from singularity_sdk.protocol import EventType, log_lines
 
 
 def _scheduled_seq(db: sqlite3.Connection, job_id: str, attempt: int) -> Optional[int]:
@@ -36,7 +36,8 @@ def _scheduled_seq(db: sqlite3.Connection, job_id: str, attempt: int) -> Optiona
 def _count(db: sqlite3.Connection, job_id: str, ranks: Optional[list[int]], after: int, before: int) -> int:
     rows = db.execute("SELECT data_json FROM events WHERE job_id=? AND type='log' AND seq>? AND seq<?",
                             (job_id, after, before)).fetchall()
-    return sum(1 for (d,) in rows if ranks is None or int(json.loads(d).get("rank", 0)) in ranks)
+    datas = [json.loads(d) for (d,) in rows]
+    return sum(len(log_lines(d.get("line", ""))) for d in datas if ranks is None or int(d.get("rank", 0)) in ranks)
 
 
 def after_restore(db: sqlite3.Connection, job_id: str, attempt: int, resumed: Resumed) -> Optional[dict[str, Any]]:
@@ -105,5 +106,6 @@ def visible(rows: list[tuple[int, str, dict[str, Any]]]) -> list[tuple[int, str,
         rank = int(d.get("rank", 0))
         if any(lo < seq < hi and (ranks is None or rank in ranks) for ranks, lo, hi in spans):
             continue
-        out.append((rank, d.get("stream", "stdout"), d.get("line", "")))
+        stream = d.get("stream", "stdout")
+        out += [(rank, stream, line) for line in log_lines(d.get("line", ""))]
     return out

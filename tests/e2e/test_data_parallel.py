@@ -122,8 +122,8 @@ def _exact_since_restore(job, reference) -> None:
     events = list(job.events(follow=False))
     resumed = max(e.seq for e in events if e.type == EventType.RESUMED)
     for rank, expected in reference[0].items():
-        after = [e.data["line"] for e in events if e.seq > resumed and e.type == EventType.LOG
-                 and e.data.get("stream") == "stdout" and e.data.get("rank") == rank]
+        after = [line for e in events if e.seq > resumed and e.data.get("stream") == "stdout"
+                 and e.data.get("rank") == rank for line in e.lines]
         assert after and after == expected[-len(after):]
     logged: dict[int, list[str]] = {}
     for line in job.logs().splitlines(keepends=True):
@@ -229,7 +229,7 @@ def test_epochs_with_rank_0_validation_and_a_barrier_resume_exactly(client):
     rnd = random.Random(seed)
     job = client.submit(script, gpus=2, name="epochs-interrupted")
     for ev in job.events():  # the request rides epoch 1's last steps, then rank 0 validates alone
-        if ev.type == EventType.LOG and ev.data.get("line", "").startswith("epoch 1 step 10 "):
+        if any(line.startswith("epoch 1 step 10 ") for line in ev.lines):
             break
     job.preempt(timeout=120)
     job.resume()

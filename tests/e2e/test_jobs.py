@@ -139,7 +139,7 @@ def test_event_stream_resumes_with_since_without_gap_or_duplicate(client):
         seen.append(ev)
     assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
     assert seen[-1].type == EventType.SUCCEEDED
-    lines = [e.data["line"] for e in seen if e.type == EventType.LOG]
+    lines = [line for e in seen for line in e.lines]
     assert lines == [f"line {i}\n" for i in range(120)]
 
 

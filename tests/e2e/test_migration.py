@@ -82,7 +82,7 @@ def test_killed_worker_and_killed_agent_jobs_finish_exactly_once(tmp_path):
         assert job.result() == expected_result
         events = list(job.events(follow=False))
         assert any(e.type == EventType.RETRYING for e in events)
-        after = [e.data["line"] for e in events if e.seq > _last(events, EventType.RESUMED) and e.type == EventType.LOG]
+        after = [line for e in events if e.seq > _last(events, EventType.RESUMED) for line in e.lines]
         assert after and after == expected_lines[-len(after):]
         periodic = [e.data for e in events if e.type == EventType.CHECKPOINTED]
         assert periodic and all(d.get("background") for d in periodic), "written behind the loop"
@@ -104,7 +104,7 @@ def test_killed_worker_and_killed_agent_jobs_finish_exactly_once(tmp_path):
         assert any(e.type == EventType.NODE_LOST and e.data["node"] == node for e in events)
         assert _node_of(job) != node
         assert job.result() == expected_result
-        after = [e.data["line"] for e in events if e.seq > _last(events, EventType.RESUMED) and e.type == EventType.LOG]
+        after = [line for e in events if e.seq > _last(events, EventType.RESUMED) for line in e.lines]
         assert after and after == expected_lines[-len(after):]
 
 

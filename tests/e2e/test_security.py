@@ -361,7 +361,7 @@ def test_a_batch_of_lines_is_appended_in_order_and_fenced_line_by_line(tmp_path)
         assert job.wait(30) == JobState.SUCCEEDED
         events = list(job.events(follow=False))
         assert [e.seq for e in events] == list(range(1, len(events) + 1))
-        shown = [e.data["line"] if e.type.value == "log" else e.type.value for e in events
+        shown = [line for e in events for line in (e.lines if e.type.value == "log" else [e.type.value])
                  if e.type.value in ("log", "progress")]
         assert shown == ["a\n", "b\n", "c\n", "progress", "d\n", "e\n", "f\n"]
         assert job.logs() == "abcdef".replace("", "\n")[1:]

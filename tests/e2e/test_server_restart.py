@@ -24,7 +24,7 @@ def test_server_kill9_and_restart_loses_no_event(fresh_cluster):
     assert job.result() == "done"
     events = list(job.events(follow=False))
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
-    ticks = [e.data["line"] for e in events if e.type == EventType.LOG]
+    ticks = [line for e in events for line in e.lines]
     assert ticks == [f"tick {i}\n" for i in range(40)]
     assert sum(e.type == EventType.SUCCEEDED for e in events) == 1
     assert sum(e.type == EventType.STARTED for e in events) == 1  # never restarted

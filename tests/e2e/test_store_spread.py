@@ -171,6 +171,6 @@ def test_a_spread_job_whose_rank_0_node_dies_resumes_from_the_store_exactly(tmp_
         assert job.result() == plain.result()
         resumed = max(e.seq for e in events if e.type == EventType.RESUMED)
         for rank, expected in reference.items():  # from the restore on, the uninterrupted run's output
-            after = [e.data["line"] for e in events if e.seq > resumed and e.type == EventType.LOG
-                     and e.data.get("stream") == "stdout" and e.data.get("rank") == rank]
+            after = [line for e in events if e.seq > resumed and e.data.get("stream") == "stdout"
+                     and e.data.get("rank") == rank for line in e.lines]
             assert after and after == expected[-len(after):]

@@ -58,3 +58,13 @@ def test_another_rank_of_a_data_parallel_job_supersedes_its_own_lines_by_the_agr
     resumed = Resumed.model_validate({"rank": 1, "step": 6, "checkpoint": "/c/ckpt-9", "checkpoint_step": 9})
     got = log_replay.after_restore(db, "j", 2, resumed)
     assert got == {"attempt": 2, "ranks": [1], "after_seq": 4, "before_seq": 10, "lines": 2}
+
+
+def test_an_event_of_several_lines_counts_and_shows_each_line():
+    burst = ("log", {"rank": 0, "stream": "stdout", "line": "step 2\nstep 3\nstep 4\n"})
+    db = _db([("scheduled", {"attempt": 1}), _line(0), ("checkpoint_started", {"rank": 0, "step": 1}),
+              burst, ("checkpointed", {"rank": 0, "step": 1, "path": "/c/ckpt-1"}), ("scheduled", {"attempt": 2})])
+    got = log_replay.after_restore(db, "j", 2, Resumed.model_validate({"rank": 0, "step": 1, "checkpoint": "/c/ckpt-1"}))
+    assert got is not None and got["lines"] == 3
+    rows = [(seq, t, json.loads(d)) for seq, t, d in db.execute("SELECT seq, type, data_json FROM events ORDER BY seq")]
+    assert [line for _rank, _stream, line in log_replay.visible(rows)] == ["step 0\n", "step 2\n", "step 3\n", "step 4\n"]

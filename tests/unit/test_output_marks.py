@@ -12,7 +12,7 @@ import pytest
 
 from backend.agent.workers import JobRun
 from backend.worker import output_marks
-from singularity_sdk.protocol import EventType, StartJob
+from singularity_sdk.protocol import EventType, StartJob, log_lines
 
 # A rank that prints, takes a checkpoint's state, prints again at once, and only then gets its
 # control message out: the agent surely has the later line before the message.
@@ -32,13 +32,28 @@ RANK = textwrap.dedent("""
 """)
 
 
-async def _follow(tmp_path, send: bool) -> list[tuple[str, dict]]:
+# A rank whose lines reach the agent in one burst, a mark among them.
+BURST = textwrap.dedent("""
+    import json, os, sys, time
+    from backend.worker import output_marks
+    control = os.fdopen(int(sys.argv[1]), "w", buffering=1)
+    before = "".join(f"before {{i}}\\n" for i in range(200)).encode()
+    after = "".join(f"after {{i}}\\n" for i in range(200)).encode()
+    os.write(1, before + output_marks.PREFIX + b"1" + output_marks.SUFFIX + after)
+    time.sleep({delay})
+    if {send}:
+        control.write(json.dumps({{"type": "checkpoint_started",
+                                   "data": {{"step": 3, "output_mark": {{"number": 1, "streams": ["stdout"]}}}}}}) + "\\n")
+""")
+
+
+async def _follow(tmp_path, send: bool, rank: str = RANK) -> list[tuple[str, dict]]:
     events: list[tuple[str, dict]] = []
     spec = StartJob(job_id="j", attempt=1, world_size=1, local_world_size=1, ranks=[])
     run = JobRun(spec, tmp_path, [], 1, tmp_path, lambda t, d: events.append((t.value, d)))
     r_fd, w_fd = os.pipe()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", RANK.format(delay=0.3, send=send), str(w_fd), pass_fds=(w_fd,),
+        sys.executable, "-c", rank.format(delay=0.3, send=send), str(w_fd), pass_fds=(w_fd,),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=os.getcwd())
     os.close(w_fd)
     rp = await run.follow(0, proc, r_fd)
@@ -66,6 +81,14 @@ def test_a_mark_whose_message_never_comes_holds_nothing_back_for_good(tmp_path):
     events = asyncio.run(_follow(tmp_path, send=False))  # the rank died between mark and message
     stdout = [d["line"] for t, d in events if t == "log" and d["stream"] == "stdout"]
     assert stdout == ["before\n", "partial after\n"] and "on stderr\n" in _shown(events)
+
+
+def test_a_burst_of_lines_travels_in_few_events_and_never_across_a_mark(tmp_path):
+    events = asyncio.run(_follow(tmp_path, send=True, rank=BURST))
+    shown = [t if t != "log" else d["line"] for t, d in events]
+    lines = [line for item in shown for line in (log_lines(item) if item != "checkpoint_started" else [item])]
+    assert lines == [f"before {i}\n" for i in range(200)] + ["checkpoint_started"] + [f"after {i}\n" for i in range(200)]
+    assert len(events) < 20  # 400 lines, read together: a handful of events, not one per line
 
 
 @pytest.mark.parametrize("line", [b"plain\n", b"x" + output_marks.PREFIX + b"7" + output_marks.SUFFIX])

@@ -3,7 +3,7 @@ import pytest
 from pydantic import ValidationError
 
 from singularity_sdk.protocol import (
-    AgentEvents, JobState, StartJob, SubmitRequest, agent_message_adapter, describe_validation_error,
+    AgentEvents, Event, EventType, JobState, StartJob, SubmitRequest, agent_message_adapter, describe_validation_error,
     server_message_adapter,
 )
 
@@ -36,3 +36,17 @@ def test_agent_messages_are_discriminated_and_strict():
 def test_terminal_states():
     assert {s for s in JobState if s.is_terminal} == {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
     assert JobState.PREEMPTED.holds_devices is False and JobState.MIGRATING.holds_devices is True
+
+
+@pytest.mark.parametrize("text, lines", [
+    ("one\n", ["one\n"]),
+    ("a\nb\nc\n", ["a\n", "b\n", "c\n"]),
+    ("a\n\nb\n", ["a\n", "\n", "b\n"]),
+    ("piece of a long line", ["piece of a long line"]),
+    ("a\nrest", ["a\n", "rest"]),
+    ("", [""]),
+])
+def test_a_log_event_of_several_lines_reads_as_those_lines(text, lines):
+    ev = Event(job_id="j", seq=1, type=EventType.LOG, time=0.0, data={"rank": 0, "stream": "stdout", "line": text})
+    assert ev.lines == lines and "".join(ev.lines) == text
+    assert Event(job_id="j", seq=2, type=EventType.PROGRESS, time=0.0, data={"step": 1}).lines == []
