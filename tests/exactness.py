@@ -19,8 +19,8 @@ def wait_for_lines(job: Job, count: int) -> None:
     """Follow the job until it has printed ``count`` lines in all (0: until it has started)."""
     seen = 0
     for ev in job.events():
-        if ev.type == EventType.LOG and ev.data.get("stream") == "stdout":
-            seen += 1
+        if ev.data.get("stream") == "stdout":
+            seen += len(ev.lines)
         if (count == 0 and ev.type == EventType.STARTED) or (count > 0 and seen >= count):
             return
 

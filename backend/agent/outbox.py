@@ -13,6 +13,9 @@ from typing import Any, Optional
 
 from singularity_sdk.protocol import AgentEvent, EventType
 
+#: the most text one log event gathers from lines waiting to be sent (see ``Outbox.add``)
+LOG_EVENT_CHARS = 1 << 16
+
 
 class Outbox:
     """Events not yet acknowledged, in order: those sent on the current connection, then those
@@ -25,6 +28,14 @@ class Outbox:
         self._unsent: deque[AgentEvent] = deque()
 
     def add(self, job_id: str, attempt: int, type: EventType, data: dict[str, Any], when: Optional[float] = None) -> AgentEvent:
+        """Queue an event. Whole log lines join the last unsent event when it holds lines of the
+        same rank and stream: while the server is slow to take them, a chatty job's lines travel
+        as fewer, larger events instead of queueing one by one (nothing else can lie between
+        them, and an event already sent is never changed)."""
+        last = self._unsent[-1] if self._unsent and type == EventType.LOG else None
+        if last is not None and _joins(last, job_id, attempt, data):
+            last.data["line"] += data["line"]
+            return last
         # built without validation: every field is the agent's own, of the right type by
         # construction (validating each line cost a third of a chatty node's agent CPU)
         ev = AgentEvent.model_construct(agent_seq=self._next, job_id=job_id, attempt=attempt, type=EventType(type),
@@ -54,3 +65,13 @@ class Outbox:
 
     def __len__(self) -> int:
         return len(self._sent) + len(self._unsent)
+
+
+def _joins(last: AgentEvent, job_id: str, attempt: int, data: dict[str, Any]) -> bool:
+    """Whether log ``data`` may be appended to the log event ``last``: same job, attempt, rank
+    and stream, ``last`` ends with a whole line, and the two fit in one event."""
+    before, text = last.data.get("line"), data.get("line")
+    return (last.type == EventType.LOG and (last.job_id, last.attempt) == (job_id, attempt)
+            and isinstance(before, str) and isinstance(text, str) and before.endswith("\n")
+            and (last.data.get("rank"), last.data.get("stream")) == (data.get("rank"), data.get("stream"))
+            and len(before) + len(text) <= LOG_EVENT_CHARS)

@@ -84,7 +84,7 @@ def _story(job) -> list[str]:
     out = []
     for e in job.events(follow=False):
         if e.type == EventType.LOG:
-            out.append(f"{e.seq} log {e.data['line'].split(' acc')[0]}")
+            out += [f"{e.seq} log {line.split(' acc')[0]}" for line in e.lines]
         else:
             out.append(f"{e.seq} {e.type.value} {({k: v for k, v in e.data.items() if k not in ('pickle_b64', 'outputs_b64')})}")
     return out

@@ -41,7 +41,7 @@ def _lines_after_checkpoint(evs, n: int):
     ckpts = [e.seq for e in evs if e.type == EventType.CHECKPOINTED]
     if not ckpts:
         return None
-    after = [e for e in evs if e.type == EventType.LOG and e.seq > ckpts[-1]]
+    after = [line for e in evs if e.seq > ckpts[-1] for line in e.lines]
     started = [e for e in evs if e.type == EventType.STARTED]
     return started[-1].data["pids"]["0"] if len(after) >= n and started else None
 
@@ -80,7 +80,7 @@ def test_a_killed_agent_leaves_no_repeated_lines(cluster):
 def test_a_restart_from_the_beginning_supersedes_every_earlier_line(cluster):
     with cluster.client() as c:
         job = c.submit(PRINTER)  # no checkpoints: the retry runs it all again
-        pid = _wait_for(job, lambda evs: len([e for e in evs if e.type == EventType.LOG]) >= 10 and
+        pid = _wait_for(job, lambda evs: sum(len(e.lines) for e in evs) >= 10 and
                         [e for e in evs if e.type == EventType.STARTED][-1].data["pids"]["0"])
         os.kill(pid, signal.SIGKILL)
         assert job.wait(120) == JobState.SUCCEEDED

@@ -203,13 +203,15 @@ def test_async_follow_gives_every_event_once_in_batches_and_ends_with_the_job(cl
 
     seen = asyncio.run(follow())
     assert [e.seq for e in seen] == list(range(1, len(seen) + 1)) and seen[-1].type == EventType.SUCCEEDED
-    assert [e.data["line"] for e in seen if e.type == EventType.LOG] == [f"line {i}\n" for i in range(30)]
+    assert [line for e in seen for line in e.lines] == [f"line {i}\n" for i in range(30)]
 
 
 def test_a_batched_stream_sends_each_commit_as_one_frame(cluster, client):
     """``?batch=1`` (what the SDK asks for): the backlog is one JSON array, and a chatty job's
     lines come several to a frame; without it, one event per frame, as before."""
     import json
+
+    from singularity_sdk.protocol import log_lines
 
     from websockets.sync.client import connect
 
@@ -223,8 +225,9 @@ def test_a_batched_stream_sends_each_commit_as_one_frame(cluster, client):
     assert all(isinstance(f, list) and f for f in frames)
     events = [e for f in frames for e in f]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
-    assert [e["data"]["line"] for e in events if e["type"] == "log"] == [f"{i}\n" for i in range(300)]
-    assert len(frames) < len(events) / 2  # live lines came together, not one frame each
+    lines = [line for e in events if e["type"] == "log" for line in log_lines(e["data"]["line"])]
+    assert lines == [f"{i}\n" for i in range(300)]
+    assert len(frames) < len(lines) / 2  # live lines came together, not one frame each
     with connect(url, additional_headers=headers) as ws:  # after the end: the whole backlog
         single = [json.loads(ws.recv(timeout=10)) for _ in events]
     assert single == events

@@ -17,7 +17,7 @@ STEPS = {"STEPS": "60"}
 def _running_for(job, steps: int = 8, timeout: float = 90.0) -> None:
     """Wait until the job has printed ``steps`` lines (it is well inside its loop)."""
     deadline = time.monotonic() + timeout
-    while sum(1 for e in job.events(follow=False) if e.type == EventType.LOG) < steps:
+    while sum(len(e.lines) for e in job.events(follow=False)) < steps:
         assert time.monotonic() < deadline, f"job {job.id} printed too little: {job.refresh().state}"
         time.sleep(0.1)
 

@@ -72,5 +72,5 @@ def test_job_follow_carries_on_across_a_server_restart(fresh_cluster):
     assert not follower.is_alive(), "follow() ends with the job"
     assert [e.seq for e in seen] == list(range(1, len(seen) + 1)), "each event once, in order"
     assert seen[-1].type == EventType.SUCCEEDED
-    assert [e.data["line"] for e in seen if e.type == EventType.LOG] == [f"tick {i}\n" for i in range(40)]
+    assert [line for e in seen for line in e.lines] == [f"tick {i}\n" for i in range(40)]
     client.close()

@@ -39,7 +39,7 @@ def test_a_worker_whose_agent_lost_the_server_checkpoints_stops_and_resumes_exac
         with cluster.client() as c:
             job = c.submit(PROGRAM, name="partitioned", env=ENV)
             deadline = time.monotonic() + 90
-            while sum(e.type == EventType.LOG for e in _events(job)) < 8:
+            while sum(len(e.lines) for e in _events(job)) < 8:
                 assert time.monotonic() < deadline, job.refresh().state
                 time.sleep(0.1)
             pid = int([e for e in _events(job) if e.type == EventType.STARTED][-1].data["pids"]["0"])
@@ -84,7 +84,7 @@ def test_a_frozen_agents_node_is_lost_though_its_connection_stays_open(tmp_path,
             cluster.client() as c:
         job = c.submit(PROGRAM, name="frozen-agent", env=ENV)
         deadline = time.monotonic() + 90
-        while sum(e.type == EventType.LOG for e in _events(job)) < 8:
+        while sum(len(e.lines) for e in _events(job)) < 8:
             assert time.monotonic() < deadline, job.refresh().state
             time.sleep(0.1)
         node = job.refresh().placement[0].node
@@ -117,7 +117,7 @@ def test_a_restore_takes_the_checkpoint_the_server_knows_not_a_newer_unreported_
     with LocalCluster(nodes=1, devices_per_node=1, home=tmp_path / "home") as cluster, cluster.client() as c:
         job = c.submit(PROGRAM, name="named", env=ENV)
         deadline = time.monotonic() + 90
-        while sum(e.type == EventType.LOG for e in _events(job)) < 8:
+        while sum(len(e.lines) for e in _events(job)) < 8:
             assert time.monotonic() < deadline, job.refresh().state
             time.sleep(0.1)
         job.preempt(timeout=120)

@@ -150,7 +150,7 @@ def backend_logs(lab: JupyterProcess) -> str:
                 logs = 0
                 for ev in job.events(follow=False):
                     if ev.type == EventType.LOG:
-                        logs += 1
+                        logs += len(ev.lines)
                         continue
                     parts.append(f"  {ev.time:.2f} {ev.type} {str(ev.data)[:200]}  (after {logs} log lines)")
     except Exception as exc:  # the report must not hide the failure it reports

@@ -56,10 +56,12 @@ BACKGROUND_NICENESS = 10
 
 
 def lower_this_thread() -> None:
-    """Give the calling thread `BACKGROUND_NICENESS` (Linux: a thread's niceness is its own;
-    best effort elsewhere)."""
+    """Add `BACKGROUND_NICENESS` to the calling thread's (Linux: a thread's niceness is its own;
+    best effort elsewhere). Added, not set: the worker already stands behind the control plane
+    (backend/worker/main.py), and the writer must still stand behind the loop."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICENESS)
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICENESS))
     except (AttributeError, OSError):
         pass
 
