@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional, Union
@@ -18,10 +19,21 @@ from .protocol import SLA, Event, EventType, JobInfo, JobState, NodeInfo
 
 
 
+if sys.version_info >= (3, 11):
+    async def _recv(ws: Any, timeout: float) -> Any:
+        """One frame within ``timeout`` (asyncio.timeout: a third of wait_for's cost, which
+        wraps each receive in a task; a follower pays it per frame)."""
+        async with asyncio.timeout(timeout):
+            return await ws.recv()
+else:
+    async def _recv(ws: Any, timeout: float) -> Any:
+        return await asyncio.wait_for(ws.recv(), timeout)
+
+
 async def _read_batch(ws: Any, tick_s: float, batch_s: float) -> list[Event]:
     """Wait up to ``tick_s`` for events, then gather what follows within ``batch_s``."""
     try:
-        batch = frame_events(await asyncio.wait_for(ws.recv(), tick_s))
+        batch = frame_events(await _recv(ws, tick_s))
     except (asyncio.TimeoutError, TimeoutError):
         return []
     deadline = time.monotonic() + batch_s
@@ -30,7 +42,7 @@ async def _read_batch(ws: Any, tick_s: float, batch_s: float) -> list[Event]:
         if left <= 0:
             break
         try:
-            batch += frame_events(await asyncio.wait_for(ws.recv(), left))
+            batch += frame_events(await _recv(ws, left))
         except (asyncio.TimeoutError, TimeoutError):
             break
     return batch

@@ -63,6 +63,10 @@ log = logging.getLogger("singularity.agent")
 WARM_ENV = "SINGULARITY_WARM_WORKERS"
 
 
+#: how long the agent waits for the server to acknowledge a batch before sending the next anyway
+ACK_WAIT_S = 1.0
+
+
 class Agent:
     def __init__(self, server: str, token: str, name: str, devices: list[DeviceInfo], home: Path,
                  checkpoint_root: Path, threads_per_slot: int = 1, orphan_timeout: Optional[float] = None,
@@ -110,6 +114,7 @@ class Agent:
         self.runs: dict[str, JobRun] = {}
         self.heartbeat_s = 1.0
         self._wake = asyncio.Event()
+        self._acked = asyncio.Event()
         self._stop = asyncio.Event()
         self._ws: Optional[ClientConnection] = None
         #: when the server last answered (any message, or a pong to a ping)
@@ -200,11 +205,22 @@ class Agent:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while True:
-                batch = self.outbox.take_unsent()
-                if not batch:
-                    break
+            while batch := self.outbox.take_unsent():
                 await ws.send(AgentEvents(events=batch).model_dump_json())
+                await self._until_acked(batch[-1].agent_seq)
+
+    async def _until_acked(self, seq: int) -> None:
+        """One batch in flight: while the server commits it, new lines join the unsent events
+        (Outbox.add), so a busy server gets fewer, larger batches instead of a queue of small
+        ones in its socket (an idle one acks within a millisecond). An ack that does not come
+        within ``ACK_WAIT_S`` (the batch was refused whole) stops holding the next one back."""
+        deadline = time.monotonic() + ACK_WAIT_S
+        while self.outbox.acked < seq and (left := deadline - time.monotonic()) > 0:
+            self._acked.clear()
+            try:
+                await asyncio.wait_for(self._acked.wait(), left)
+            except (asyncio.TimeoutError, TimeoutError):
+                return
 
     async def _heartbeats(self, ws: ClientConnection) -> None:
         while True:
@@ -270,6 +286,7 @@ class Agent:
                 continue
             if isinstance(msg, Ack):
                 self.outbox.ack(msg.agent_seq)
+                self._acked.set()
             elif isinstance(msg, StartJob):
                 await self._start(msg)
             elif isinstance(msg, StopJob):

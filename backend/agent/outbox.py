@@ -24,6 +24,8 @@ class Outbox:
 
     def __init__(self) -> None:
         self._next = 1
+        #: the highest sequence number the server acknowledged (it committed everything up to it)
+        self.acked = 0
         self._sent: deque[AgentEvent] = deque()  # sent on the current connection, not acked
         self._unsent: deque[AgentEvent] = deque()
 
@@ -45,6 +47,7 @@ class Outbox:
         return ev
 
     def ack(self, upto: int) -> None:
+        self.acked = max(self.acked, upto)
         for queue in (self._sent, self._unsent):
             while queue and queue[0].agent_seq <= upto:
                 queue.popleft()
