@@ -24,7 +24,7 @@ demo: setup
 	$(BIN)/singularityctl demo
 
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=20 tests
 
 # The GPU paths (NVML, CUDA tensors and cuDNN in checkpoints, NCCL data-parallel resize): run
 # on a machine with an NVIDIA GPU; elsewhere every one of these tests skips, saying why.
