@@ -38,8 +38,9 @@ Emit = Callable[[EventType, dict[str, Any]], None]
 #: returns extra event data, or raises to turn the report into checkpoint_failed.
 OnCheckpoint = Callable[["JobRun", dict[str, Any]], Awaitable[dict[str, Any]]]
 LINE_LIMIT = 1 << 20
-#: at most this many bytes of whole lines already read from a pipe travel as one log event: a
-#: chatty rank's lines cost one event each (agent, server, SQLite, followers) only when it is slow
+#: at most this many bytes of whole lines already read from a pipe travel as one log event, so
+#: a rank's lines cost an event each (agent, server, SQLite row, a frame per follower) only when
+#: it prints slowly
 COALESCE_BYTES = 1 << 16
 #: how long a marked message and the lines after its mark wait for each other
 MARK_WAIT_S = 5.0
