@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from singularity_sdk.protocol import AgentEvent, EventType
 
-#: the most text one log event gathers from lines waiting to be sent (see ``Outbox.add``)
+#: the most text one log event gathers: lines read together (workers.py) or waiting to be sent
 LOG_EVENT_CHARS = 1 << 16
 
 

@@ -31,6 +31,7 @@ from singularity_sdk.protocol import DeviceInfo, EventType, StartJob
 from . import accounts, sandbox
 from .accounts import Account
 from .devices import gpu_minor_numbers, slot_cores
+from .outbox import LOG_EVENT_CHARS
 from .spawner import Spawner, WarmProcess
 
 Emit = Callable[[EventType, dict[str, Any]], None]
@@ -38,10 +39,6 @@ Emit = Callable[[EventType, dict[str, Any]], None]
 #: returns extra event data, or raises to turn the report into checkpoint_failed.
 OnCheckpoint = Callable[["JobRun", dict[str, Any]], Awaitable[dict[str, Any]]]
 LINE_LIMIT = 1 << 20
-#: at most this many bytes of whole lines already read from a pipe travel as one log event, so
-#: a rank's lines cost an event each (agent, server, SQLite row, a frame per follower) only when
-#: it prints slowly
-COALESCE_BYTES = 1 << 16
 #: how long a marked message and the lines after its mark wait for each other
 MARK_WAIT_S = 5.0
 #: "0" lets workers on CPU slots run on every core (by default a slot's ranks get its cores)
@@ -446,8 +443,9 @@ def _buffered(stream: asyncio.StreamReader) -> bytes:
 
 def _whole_lines_buffered(stream: asyncio.StreamReader) -> int:
     """How many bytes of whole lines, none of them a mark, the reader holds already (at most
-    ``COALESCE_BYTES``): they go out with the line just read, in one event, without waiting."""
-    buffered = getattr(stream, "_buffer", b"")[:COALESCE_BYTES]
+    one log event's worth, ``LOG_EVENT_CHARS``): they go out with the line just read, in one
+    event, without waiting, so a rank's lines cost an event each only when it prints slowly."""
+    buffered = getattr(stream, "_buffer", b"")[:LOG_EVENT_CHARS]
     end = buffered.rfind(b"\n") + 1
     mark = buffered.find(output_marks.PREFIX, 0, end)
     if mark >= 0:  # stop before the line that holds the mark: its pump loop handles it
