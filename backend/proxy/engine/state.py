@@ -53,7 +53,7 @@ import cloudpickle
 
 from . import (background, context, handles, iterators, lazy, libraries, module_state, open_files, process_settings, rng,
                training_state)
-from ..checkpoint import digest, fingerprint
+from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
 from .ports import RuntimeView
@@ -607,12 +607,13 @@ def _read_graph(path: Path, blob_dir: Path, expected: Optional[tuple[str, Option
     Told apart by the first bytes: protocol 5 is `dedup.dump` (tensors inline or in blobs);
     protocol 4 is a torch-free pickle, or from an earlier engine a multi-rank file beside
     ``blobs/``; a zip archive is an earlier engine's torch.save.  With ``expected`` (algorithm,
-    digest) the bytes are hashed as they are read, and `DigestMismatch` is raised after.
+    digest) the bytes are hashed as they are read, and `DigestMismatch` is raised after. Large
+    storages are read by several threads (`reading.ParallelReads`).
     """
-    with open(path, "rb") as raw:
+    with open(path, "rb") as raw, reading.ParallelReads(raw) as parallel:
         head = raw.peek(len(_ZIP_MAGIC))[:len(_ZIP_MAGIC)]
         if head != _ZIP_MAGIC:
-            f = digest.HashingReader(raw, expected[0]) if expected and expected[1] else raw
+            f = digest.HashingReader(parallel, expected[0]) if expected and expected[1] else parallel
             try:
                 if head[:2] != _DEDUP_MAGIC and not blob_dir.is_dir():  # a torch-free pickle
                     graph = GraphUnpickler(f).load()
