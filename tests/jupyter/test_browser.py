@@ -89,16 +89,21 @@ def open_notebook(lab: JupyterProcess, browser, tag: str, cells: list[str] | Non
 
 def run_all(page, attempts: int = 3) -> None:
     """Run > Run All Cells. Lab can show the kernel idle a moment before it takes executions,
-    and then drops the request: try again until the first cell has started (it is harmless)."""
+    and then drops the request: try again until the first cell has started. Only then: a second
+    Run All after one that was taken would queue the cells again behind the running job cell,
+    whose widget would then never show (seen once on a loaded machine, where a taken request
+    showed its prompt after more than 10 s)."""
     started = page.locator(".jp-NotebookPanel:visible .jp-InputPrompt", has_text=re.compile(r"\[(\*|\d+)\]"))
     for attempt in range(attempts):
         try:
             page.keyboard.press("Escape")  # a menu left open by an earlier attempt
             page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click(timeout=10_000)
             page.locator('li[data-command="runmenu:run-all"]').click(timeout=10_000)
-            started.first.wait_for(timeout=10_000)
+            started.first.wait_for(timeout=30_000)
             return
         except Exception:
+            if started.count():  # taken after all, late
+                return
             if attempt == attempts - 1:
                 raise
 
