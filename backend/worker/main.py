@@ -269,11 +269,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         if type == "resumed":
             ref = restored[0] if restored else None
             data = {**data, "checkpoint": str(ref.path) if ref else None, "checkpoint_step": ref.step if ref else None}
-        elif type == "checkpointed":  # the scheduler resumes it only where this matches
-            from backend.proxy.checkpoint import fingerprint
-
-            fp = fingerprint.capture()
-            data = {**data, "fingerprint": {k: fp.get(k) for k in (*fingerprint.COMPARED, "engine")}}
         channel.send(type, data)
 
     events, reporter = distributed_events(rank, on_event) if world > 1 else (on_event, None)

@@ -99,3 +99,31 @@ def test_kill_during_a_background_write_keeps_the_previous_checkpoint(launcher, 
     assert again.rc == 0 and written, again.describe()
     assert [d["step"] for _, d in again.events("restore")] == [written[-1]["step"]]
     assert rerun.stdout.endswith(again.stdout), "resumed from its newest background checkpoint"
+
+
+# A checkpoint is taken before `import torch`; its write (slowed by the hook) commits while the
+# program is half-way through that import, when torch is in sys.modules but not yet usable.
+LATE_IMPORT = """
+import time
+for i in range(15):
+    time.sleep(0.02)
+import torch
+print(torch.ones(3).sum().item(), flush=True)
+"""
+
+
+def test_a_write_behind_that_ends_during_an_import_reports_what_the_safe_point_depended_on(fresh_launcher, tmp_path):
+    """A fresh interpreter (the warm launcher has imported torch already). The report used to be
+    made when the write committed, on the writer's thread, where reading the half-imported torch
+    raised: the event was lost and a traceback went into the job's output."""
+    script = tmp_path / "late_import.py"
+    script.write_text(LATE_IMPORT)
+    run = fresh_launcher.run([str(script), "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "0.1"],
+                       env={SLEEP_HOOK: "0.5"})
+    assert run.rc == 0, run.describe()
+    assert run.stdout == "3.0\n"
+    assert "raised" not in run.stderr and "Traceback" not in run.stderr, run.describe()
+    done = [d for _, d in run.events("checkpointed")]
+    assert done and all(d["background"] for d in done)
+    # taken at the safe point, on the program's thread: torch was not imported yet
+    assert done[0]["fingerprint"]["torch"] is None and done[0]["fingerprint"]["python"]

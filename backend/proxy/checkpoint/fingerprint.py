@@ -132,6 +132,14 @@ def capture(libraries: Optional[dict[str, str]] = None) -> dict[str, Any]:
     return fp
 
 
+def for_event() -> dict[str, Any]:
+    """What a ``checkpointed`` event says the checkpoint depends on (the scheduler resumes it only
+    on a node that matches). Taken at the safe point, on the program's thread: a write behind the
+    loop reports from another thread, by when the program may be half-way through importing torch."""
+    fp = capture()
+    return {k: fp.get(k) for k in (*COMPARED, "engine")}
+
+
 def here() -> dict[str, Any]:
     """What a restoring process compares a checkpoint with (before importing anything)."""
     fp = {"python": platform.python_version(), "torch": _installed("torch"), "numpy": _installed("numpy"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from ..checkpoint import fingerprint
 from ..checkpoint.errors import CheckpointFailure, Preempted
 from .background import Snapshot
 from .checkpoint_request import CheckpointRequest
@@ -23,6 +24,7 @@ def take(rt: RuntimeView, request: CheckpointRequest, boundary: Optional[int]) -
     started = time.monotonic()
     wait_s = max(0.0, started - request.requested_at)
     label = rt.step if request.label is None else request.label
+    depends_on = fingerprint.for_event()  # now, on the program's thread (see for_event)
     ctl.emit("checkpoint_started", {"step": label, "reason": request.reason, "then": request.then})
     failure: Optional[dict] = None
     behind = writes_behind(rt, request)
@@ -42,10 +44,11 @@ def take(rt: RuntimeView, request: CheckpointRequest, boundary: Optional[int]) -
         return
     ctl.checkpoint_written()
     if behind:
-        _write_behind(rt, snap, label, nbytes, rebuilt, started, wait_s)
+        _write_behind(rt, snap, label, nbytes, rebuilt, started, wait_s, depends_on)
         return
     ctl.emit("checkpointed", {"step": label, "bytes": nbytes, "seconds": time.monotonic() - started,
-                              "wait_s": wait_s, "path": str(ref.path), "rebuilt": rebuilt})
+                              "wait_s": wait_s, "path": str(ref.path), "rebuilt": rebuilt,
+                              "fingerprint": depends_on})
     if request.then == "stop":
         rt.preempting = True
         rt.preempted_exc = Preempted(ref)
@@ -59,7 +62,7 @@ def writes_behind(rt: RuntimeView, request: CheckpointRequest) -> bool:
 
 
 def _write_behind(rt: RuntimeView, snap: Snapshot, label: int, nbytes: int, rebuilt: list,
-                  started: float, wait_s: float) -> None:
+                  started: float, wait_s: float, depends_on: dict) -> None:
     """Write the snapshot every rank took (they agreed it was taken) in the background and report
     when it has committed; for several ranks the last part in commits the set (store.py)."""
     ctl = rt.ctl
@@ -73,6 +76,6 @@ def _write_behind(rt: RuntimeView, snap: Snapshot, label: int, nbytes: int, rebu
             return
         ctl.emit("checkpointed", {"step": label, "bytes": nbytes, "seconds": time.monotonic() - started,
                                   "snapshot_s": snapshot_s, "wait_s": wait_s, "path": str(ref.path),
-                                  "rebuilt": rebuilt, "background": True})
+                                  "rebuilt": rebuilt, "background": True, "fingerprint": depends_on})
 
     ctl.writer.submit(job)
