@@ -1,7 +1,7 @@
 """Migration latency across two nodes for ~10 MB, 100 MB and 1 GB of state, split by phase,
 beside the disk's own time for the same bytes, measured in the same run.
 
-    python bench/migration.py [--sizes 10,100,1000] [--reps 5] [--modes shared,store] [--quick]
+    python bench/migration.py [--sizes 10,100,1000] [--reps 5] [--modes shared,store] [--quick] [--store-dir DIR]
 
 Two LocalClusters of 2 nodes x 1 device, one after the other:
 
@@ -99,10 +99,10 @@ def measure_size(client: Any, disk_folder: Path, size_mb: int, reps: int) -> lis
     return rows
 
 
-def run_mode(mode: str, sizes: list[int], reps: int, tmp: Path) -> list[dict[str, Any]]:
+def run_mode(mode: str, sizes: list[int], reps: int, tmp: Path, store_root: Path) -> list[dict[str, Any]]:
     store: Optional[str] = None
     if mode in ("store", "serial"):
-        store = (tmp / mode).as_uri()
+        store = (store_root / mode).as_uri()
     os.environ[STREAM_ENV] = "0" if mode == "serial" else "1"  # the cluster's agents inherit it
     with LocalCluster(nodes=2, devices_per_node=1, store=store) as cluster, cluster.client() as client:
         folder = (cluster.home / "agents" / "node-1" / "checkpoint-cache") if store else cluster.home / "checkpoints"
@@ -150,6 +150,9 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5, help="migrations per size and mode")
     p.add_argument("--modes", default="shared,serial,store", help="shared (one checkpoint folder), store (fsspec file://, streamed), serial (store, not streamed)")
     p.add_argument("--quick", action="store_true", help="10 and 100 MB, one migration each")
+    p.add_argument("--store-dir", type=Path, default=None,
+                   help="where the store modes' store lives (default: beside the caches, on their disk); a folder "
+                        "on another device, such as a tmpfs, stands in for a store that does not share the cache's disk")
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.quick:
@@ -157,15 +160,17 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m]
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="bench-migration-"))
+    store_root = Path(tempfile.mkdtemp(prefix="bench-migration-store-", dir=args.store_dir)) if args.store_dir else tmp
     try:
         need = 8 * max(sizes) * MB / 1e9 + 1  # store mode: source cache, store, target cache, 2 kept each
         if disk_free_gb(tmp) < need:
             sys.exit(f"{tmp}: {disk_free_gb(tmp):.1f} GB free, {need:.1f} GB needed for {max(sizes)} MB; use --sizes")
         results = []
         for mode in modes:
-            results += run_mode(mode, sizes, args.reps, tmp)
+            results += run_mode(mode, sizes, args.reps, tmp, store_root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(store_root, ignore_errors=True)
     report(results)
     print(f"({time.monotonic() - t0:.0f} s in all; load average now {os.getloadavg()[0]:.2f})")
 
