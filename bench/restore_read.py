@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MB = 1_000_000
-CHUNK = 16 << 20
+sys.path.insert(0, str(ROOT))
+
+from checkpoint import CHUNK, MB, drop_cache, read_time  # noqa: E402  (bench/checkpoint.py)
 
 MAKE = '''
 import os, sys, torch
@@ -61,23 +62,6 @@ assert sum(s.numel() for s in graph["state"]) * 4 >= {nbytes}
 '''
 
 
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def plain_read(path: Path) -> float:
-    into = bytearray(CHUNK)
-    t = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(into):
-            pass
-    return time.perf_counter() - t
-
-
 def load(path: Path, expected: str, nbytes: int, one_thread: bool) -> float:
     code = LOAD.format(root=str(ROOT), path=str(path), expected=expected, nbytes=nbytes, one_thread=one_thread)
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
@@ -89,7 +73,6 @@ def main() -> None:
     p.add_argument("--size", type=int, default=1000, help="MB of tensors in the rank file")
     p.add_argument("--reps", type=int, default=5, help="loads per way and cache state")
     args = p.parse_args()
-    sys.path.insert(0, str(ROOT))
     from backend.proxy.checkpoint import digest
 
     nbytes = args.size * MB
@@ -106,12 +89,12 @@ def main() -> None:
                     if cache == "cold":
                         drop_cache(path)
                     else:
-                        plain_read(path)
+                        read_time(path)
                     times.setdefault((way, cache), []).append(load(path, expected, nbytes, way == "one thread"))
-            plain_read(path)
-            times.setdefault(("disk", "warm"), []).append(plain_read(path))
+            read_time(path)
+            times.setdefault(("disk", "warm"), []).append(read_time(path))
             drop_cache(path)
-            times.setdefault(("disk", "cold"), []).append(plain_read(path))
+            times.setdefault(("disk", "cold"), []).append(read_time(path))
             print(f"rep {rep + 1}/{args.reps}: " + ", ".join(f"{w} {c} {v[-1]:.3f}" for (w, c), v in times.items()),
                   flush=True)
         size = path.stat().st_size
