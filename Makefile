@@ -23,8 +23,9 @@ setup: $(BIN)/activate
 demo: setup
 	$(BIN)/singularityctl demo
 
+# Two test processes, each taking whole files (--dist loadfile: a file's tests share its fixtures).
 test: setup
-	$(BIN)/python -m pytest -q --durations=20 tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=20 tests
 
 # The GPU paths (NVML, CUDA tensors and cuDNN in checkpoints, NCCL data-parallel resize): run
 # on a machine with an NVIDIA GPU; elsewhere every one of these tests skips, saying why.
