@@ -448,6 +448,16 @@ class CheckpointJob(Strict):
     timeout_s: Optional[float] = None
 
 
+class PrefetchCheckpoint(Strict):
+    """Server -> agent: a job is migrating here; follow the checkpoint that ``attempt`` (the
+    source's) is writing into the store and copy it while it arrives (backend/agent/prefetch.py).
+    Only a hint: the start that follows restores whatever the server names."""
+
+    type: Literal["prefetch"] = "prefetch"
+    job_id: str
+    attempt: int
+
+
 class Ack(Strict):
     type: Literal["ack"] = "ack"
     agent_seq: int
@@ -465,7 +475,7 @@ class Shutdown(Strict):
     reason: str = ""
 
 
-ServerToAgent = Union[StartJob, StopJob, CheckpointJob, Ack, Welcome, Shutdown]
+ServerToAgent = Union[StartJob, StopJob, CheckpointJob, PrefetchCheckpoint, Ack, Welcome, Shutdown]
 server_message_adapter: TypeAdapter[ServerToAgent] = TypeAdapter(ServerToAgent)
 
 

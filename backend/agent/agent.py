@@ -38,6 +38,7 @@ from singularity_sdk.protocol import (
     CheckpointJob,
     DeviceInfo,
     EventType,
+    PrefetchCheckpoint,
     Shutdown,
     StartJob,
     StopJob,
@@ -55,6 +56,7 @@ from singularity_sdk.config import default_home
 from . import accounts, sandbox
 from .credential import obtain as obtain_credential
 from .outbox import Outbox
+from .prefetch import Prefetcher
 from .spawner import Spawner
 from .transfer import CheckpointTransfer
 from .workers import JobRun
@@ -90,6 +92,8 @@ class Agent:
         self._stop_reason = "the node agent is stopping"
         self.address = address
         self.transfer = CheckpointTransfer(store, checkpoint_root) if store else None
+        #: job -> the copy of its checkpoint being made here while it migrates here (`PrefetchCheckpoint`)
+        self.prefetches: dict[str, Prefetcher] = {}
         self.instance = uuid.uuid4().hex
         #: sandbox each worker (backend/agent/sandbox.py); why not, when it was required and cannot be
         self.bwrap: Optional[str] = None
@@ -296,6 +300,11 @@ class Agent:
                 if run and run.spec.attempt == msg.attempt:
                     run.send_control({"op": "checkpoint", "then": msg.then, "reason": msg.reason,
                                       "timeout_s": msg.timeout_s})
+            elif isinstance(msg, PrefetchCheckpoint):
+                if self.transfer is not None and msg.job_id not in self.runs:
+                    if (old := self.prefetches.pop(msg.job_id, None)) is not None:  # an earlier move's
+                        asyncio.create_task(asyncio.to_thread(old.stop))
+                    self.prefetches[msg.job_id] = Prefetcher(self.transfer, msg.job_id, msg.attempt).start()
             elif isinstance(msg, Shutdown):
                 log.info("server asked us to stop: %s", msg.reason)
                 self._stop_reason = f"the node agent is stopping ({msg.reason})"
@@ -345,7 +354,11 @@ class Agent:
             if self.transfer is not None:
                 await asyncio.to_thread(self.transfer.fence, spec.job_id, spec.attempt)
                 if spec.restore:
+                    t0, prefetch = time.monotonic(), self.prefetches.pop(spec.job_id, None)
+                    early = await asyncio.to_thread(prefetch.finish) if prefetch is not None else {}
                     await asyncio.to_thread(self.transfer.download, spec.job_id, upto=spec.restore_step)
+                    run.fetched = {"fetch_s": round(time.monotonic() - t0, 3),
+                                   "prefetched_bytes": sum(early.values())}
             if spec.restore and spec.restore_step is not None:
                 gone = CheckpointStore(self.checkpoint_root / spec.job_id).discard_after(spec.restore_step)
                 if gone:
@@ -414,6 +427,8 @@ class Agent:
             await asyncio.sleep(0.05)
 
     async def shutdown(self) -> None:
+        for prefetch in self.prefetches.values():
+            await asyncio.to_thread(prefetch.stop)
         runs = list(self.runs.values())
         await asyncio.gather(*(r.stop("agent shutting down", 1.0) for r in runs), return_exceptions=True)
         # Give the final exit events a moment to reach the server.

@@ -76,6 +76,9 @@ class JobRun:
         self.threads_per_slot = threads_per_slot
         self.checkpoint_root = checkpoint_root
         self.emit = emit
+        #: through a store: how long fetching the checkpoint took before the start, and how many of
+        #: its bytes were copied while the source still wrote it (agent.py sets it)
+        self.fetched: dict[str, Any] = {}
         self.on_checkpoint = on_checkpoint
         self.spawner = spawner
         #: sandbox workers with this bwrap, covering ``hidden`` (the service's folders)
@@ -178,6 +181,7 @@ class JobRun:
             "spawn": {r: ("fork" if isinstance(p.proc, WarmProcess) else "fresh") + ("+sandbox" if p.pgid else "")
                       for r, p in self.ranks.items()},
             "devices": sorted({d for rs in self.spec.ranks for d in rs.devices}), "attempt": self.spec.attempt,
+            **self.fetched,
         })
         self._waiters = [asyncio.create_task(self._wait(rp)) for rp in self.ranks.values()]
         asyncio.create_task(self._all_done())

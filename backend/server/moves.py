@@ -11,7 +11,8 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from backend.scheduler.placement import FreeDevices, fmt_placement
-from singularity_sdk.protocol import CheckpointJob, EventType, JobInfo, JobState, NodeInfo, NodeState
+from singularity_sdk.protocol import (CheckpointJob, EventType, JobInfo, JobState, NodeInfo, NodeState,
+                                      PrefetchCheckpoint)
 
 from . import exact_nodes, ranks
 from .core import Core, Rounds, ServiceError
@@ -114,6 +115,8 @@ class Moves:
                                   moved_at=time.time())
             ev = self.core.emit(job_id, EventType.MIGRATING, detail)
         self.core.publish(info.user, [ev])
+        for node in target:  # through a store, the destination copies the checkpoint as it is written
+            self.core.send(node, PrefetchCheckpoint(job_id=job_id, attempt=info.attempt))
         self._checkpoint_everywhere(info, "stop", detail["reason"], detail["checkpoint_timeout"])
         return self.store.job_info(job_id)
 

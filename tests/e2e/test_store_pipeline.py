@@ -1,6 +1,7 @@
 """Through a store (``serve --store URL``), a migration's checkpoint is uploaded while the worker
-writes it (backend/agent/transfer.py, `Streamer`), the job ends exactly as an uninterrupted run,
-and a worker killed half-way through a streamed write resumes from the checkpoint before."""
+writes it (backend/agent/transfer.py, `Streamer`) and copied by the destination as it arrives
+(backend/agent/prefetch.py), the job ends exactly as an uninterrupted run, and a worker killed
+half-way through a streamed write resumes from the checkpoint before."""
 from __future__ import annotations
 
 import os
@@ -37,6 +38,16 @@ def _until_streamed(store: Path, job, timeout: float = 60.0) -> list[Path]:
     raise AssertionError("no rank file reached the store while it was written")
 
 
+def _until_prefetched(home: Path, timeout: float = 60.0) -> list[Path]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        found = [p for p in home.rglob(".ckpt-*.prefetch/rank-*.pt") if p.exists() and p.stat().st_size > 0]
+        if found:
+            return found
+        time.sleep(0.01)
+    raise AssertionError("the destination copied nothing while the checkpoint was written")
+
+
 def _node_of(job) -> str:
     return job.refresh().placement[0].node
 
@@ -54,12 +65,16 @@ def test_a_migration_through_the_store_uploads_while_the_worker_writes(tmp_path,
         since = job.refresh().info.last_seq
         job.migrate(there, wait=False)
         _until_streamed(store, job)
+        prefetched = _until_prefetched(tmp_path / "h")
+        assert all(there in p.parts for p in prefetched), "only the destination prefetches"
         # the worker is still inside its write: nothing of this checkpoint has been reported yet
         assert not [e for e in job.events(since=since, follow=False) if e.type == EventType.CHECKPOINTED]
         assert job.wait(180) == JobState.SUCCEEDED, job.info.error
         assert stdout_lines(job) == expected_lines and job.result() == expected_result
         moved = [e for e in job.events(follow=False) if e.type == EventType.MIGRATED]
         assert moved and moved[0].data["to"] == there
+        started = [e for e in job.events(since=since, follow=False) if e.type == EventType.STARTED]
+        assert started[0].data["prefetched_bytes"] > 0 and started[0].data["fetch_s"] >= 0
 
         # kill -9 the worker half-way through a streamed write: its part in the store is never
         # restored; the retry resumes from the checkpoint before, and the output stays exact

@@ -1,0 +1,254 @@
+"""Fetching a migrating job's checkpoint at its destination while the source still writes it.
+
+The server picks a migration's destination when the migration is asked for (`moves.migrate`),
+long before the checkpoint is in the store, and tells that node's agent at once
+(`PrefetchCheckpoint`). The agent's `Prefetcher` follows the checkpoint's files on their way
+into the store: the rank files the source streams into ``streams/a<attempt>/ckpt-N/`` and the
+files an upload puts into ``ckpt-N/``. Every turn it copies the bytes that have arrived since the
+last one (a chunk per file) into a hidden folder of its cache, ``.ckpt-N.prefetch``, hashing them
+as they pass. Once ``ckpt-N/manifest.json`` is in the store the checkpoint is complete there; the
+prefetcher fetches what is still missing (the tail of each file, the blobs), checks each file
+against the manifest's size and digest, fetches again whole any file that does not match (the
+source rewrote it, or dropped a streamed copy and uploaded the file whole), and renames the folder
+to ``ckpt-N``, where `CheckpointTransfer.download` finds it when the job starts here.
+
+Nothing counts because it was prefetched: the manifest decides, as for a plain download, and the
+worker verifies every digest again when it reads. A store whose objects appear only once complete
+(S3, GCS) still gains: each file is fetched as soon as it appears rather than after the last.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from backend.proxy.checkpoint import digest
+from backend.proxy.checkpoint.store import BLOB_DIR, committed_step, lower_this_thread
+
+from .transfer import STREAM_CHUNK, STREAMS, CheckpointTransfer, _incomplete
+
+log = logging.getLogger("singularity.agent")
+#: a prefetch whose job never starts here (it went elsewhere, or its checkpoint failed) ends after this
+GIVE_UP_S = 600.0
+MANIFEST = "manifest.json"
+
+
+class _Copy:
+    """One file of the checkpoint, copied here as it grows in the store (files there are only
+    ever appended to until the manifest names them)."""
+
+    def __init__(self, local: Path) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        self.local = local
+        self.out = open(local, "wb")
+        self.got = 0
+        self.hash = digest.new()
+
+    def pull(self, fs: Any, remote: str, size: int, limit: Optional[int]) -> int:
+        """Copy up to ``limit`` (None: all) of the bytes between what is here and ``size``, a
+        chunk at a time."""
+        want = size - self.got if limit is None else min(size - self.got, limit)
+        if want <= 0:
+            return 0
+        moved = 0
+        with fs.open(remote, "rb") as f:
+            f.seek(self.got)
+            while moved < want and (data := f.read(min(STREAM_CHUNK, want - moved))):
+                self.out.write(data)
+                self.hash.update(data)
+                self.got += len(data)
+                moved += len(data)
+        return moved
+
+    def refetch(self, fs: Any, remote: str) -> None:
+        """The copy does not match the manifest: fetch the committed file whole instead."""
+        self.out.close()
+        fs.get_file(remote, str(self.local))
+        self.got = self.local.stat().st_size
+
+    def close(self) -> None:
+        self.out.close()
+
+
+class Prefetcher:
+    """Follows the checkpoints that one attempt of a job writes into the store and copies them
+    into this node's cache while they arrive (see the module's docstring).
+
+    Only checkpoints newer than the newest complete one when the prefetch begins are followed:
+    those are the migration's (and any periodic one in flight); older ones are fetched, if needed,
+    by `CheckpointTransfer.download` as before. The thread runs at a lower priority and ends when
+    the job starts here (`finish`) or after `GIVE_UP_S`.
+    """
+
+    def __init__(self, transfer: CheckpointTransfer, job_id: str, attempt: int, poll_s: float = 0.02,
+                 give_up_s: float = GIVE_UP_S) -> None:
+        self.t, self.job_id, self.attempt, self.poll_s, self.give_up_s = transfer, job_id, attempt, poll_s, give_up_s
+        self.local_job = transfer.cache_root / job_id
+        self.copies: dict[tuple[int, str], _Copy] = {}
+        #: steps installed into the cache, and the bytes copied before their manifest was in the store
+        self.installed: dict[int, int] = {}
+        #: steps of the store's checkpoints when the prefetch began: only newer ones are followed
+        self._after = -1
+        #: steps whose prefetch failed: the start downloads them as before
+        self.failed: set[int] = set()
+        self._finishing = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> "Prefetcher":
+        self._thread = threading.Thread(target=self._loop, name=f"prefetch-{self.job_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def finish(self) -> dict[int, int]:
+        """The job starts here: complete every checkpoint whose manifest is in the store, then stop.
+        Returns the steps installed, each with the bytes that were copied before it was complete."""
+        self._finishing.set()
+        self._join()
+        return dict(self.installed)
+
+    def stop(self) -> None:
+        """Stop at once and drop what is not installed (the agent is shutting down)."""
+        self._stopping.set()
+        self._join()
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    # ------------------------------------------------------------------ the thread
+    def _loop(self) -> None:
+        lower_this_thread()
+        end = time.monotonic() + self.give_up_s
+        try:
+            self._after = self._newest_complete()
+            while not self._stopping.is_set() and time.monotonic() < end:
+                finishing = self._finishing.is_set()
+                try:
+                    moved = self._turn(finishing)
+                except OSError as exc:  # the store hiccuped: try again next turn
+                    log.warning("prefetching checkpoints of %s: %s", self.job_id, exc)
+                    moved = 0
+                if finishing:
+                    return
+                if not moved:
+                    self._finishing.wait(self.poll_s)
+        except Exception:
+            log.exception("prefetching checkpoints of %s failed; the start will download them", self.job_id)
+        finally:
+            self._drop_unfinished()
+
+    def _newest_complete(self) -> int:
+        steps = [committed_step(n) for n in self.t._committed(self.job_id)]
+        return max((s for s in steps if s is not None), default=-1)
+
+    def _turn(self, finishing: bool) -> int:
+        """One pass: copy a chunk of each file on its way into the store; install each checkpoint
+        whose manifest has arrived. Finishing (the job starts here): only install those."""
+        job = self.t._job(self.job_id)
+        moved = 0
+        for step, (files, complete) in sorted(self._arriving(job).items()):
+            if step in self.installed or step in self.failed:
+                continue
+            if complete:
+                try:
+                    moved += self._install(job, step)
+                except (OSError, ValueError, KeyError) as exc:
+                    log.warning("checkpoint %d of %s could not be prefetched (%s); it is downloaded at the start",
+                                step, self.job_id, exc)
+                    self.failed.add(step)
+                    self._drop(step)
+            elif not finishing:
+                for rel, (remote, size) in files.items():
+                    moved += self._copy(step, rel).pull(self.t.fs, remote, size, STREAM_CHUNK)
+        return moved
+
+    def _arriving(self, job: str) -> dict[int, tuple[dict[str, tuple[str, int]], bool]]:
+        """Per step newer than ``_after``: its files in the store (relative name -> where, size;
+        the committed folder's copy over the streamed one) and whether its manifest is there."""
+        found: dict[int, tuple[dict[str, tuple[str, int]], bool]] = {}
+        streams = f"{job}/{STREAMS}/a{self.attempt}"
+        for base in (streams, job):
+            try:
+                listing = self.t.fs.find(base, detail=True)
+            except FileNotFoundError:
+                continue
+            for path, info in listing.items():
+                rel = path[len(base):].strip("/")
+                head, _, name = rel.partition("/")
+                step = committed_step(head)
+                if step is None or step <= self._after or not name:
+                    continue
+                files, complete = found.get(step, ({}, False))
+                if name == MANIFEST:
+                    complete = True
+                else:
+                    files[name] = (path, int(info.get("size") or 0))
+                found[step] = (files, complete)
+        return found
+
+    def _copy(self, step: int, rel: str) -> _Copy:
+        key = (step, rel)
+        if key not in self.copies:
+            self.copies[key] = _Copy(self._staging(step) / rel)
+        return self.copies[key]
+
+    def _staging(self, step: int) -> Path:
+        return self.local_job / f".ckpt-{step:08d}.prefetch"
+
+    def _install(self, job: str, step: int) -> int:
+        """The checkpoint is complete in the store: fetch the rest, check it, put it in the cache."""
+        remote = f"{job}/ckpt-{step:08d}"
+        final = self.local_job / f"ckpt-{step:08d}"
+        early = sum(c.got for (s, _), c in self.copies.items() if s == step)
+        if (final / MANIFEST).exists():
+            self._drop(step)
+            self.installed[step] = early
+            return 0
+        manifest = json.loads(self.t.fs.cat_file(f"{remote}/{MANIFEST}"))
+        wanted: dict[str, tuple[int, Optional[str]]] = {
+            # an entry without the current digest (an older engine's) never matches: fetched whole
+            n: (int(e["bytes"]), e.get(digest.NAME, "")) for n, e in (manifest.get("files") or {}).items()}
+        wanted.update({f"{BLOB_DIR}/{n}": (int(e["bytes"]), None) for n, e in (manifest.get("blobs") or {}).items()})
+        for key in [k for k in self.copies if k[0] == step and k[1] not in wanted]:
+            copy = self.copies.pop(key)  # not part of the checkpoint after all
+            copy.close()
+            copy.local.unlink(missing_ok=True)
+        moved = 0
+        for rel, (nbytes, expected) in wanted.items():
+            copy = self._copy(step, rel)
+            moved += copy.pull(self.t.fs, f"{remote}/{rel}", nbytes, None)
+            if copy.got != nbytes or (expected is not None and copy.hash.hexdigest() != expected):
+                log.info("prefetched %s of checkpoint %d of %s differs from the committed file; fetching it whole",
+                         rel, step, self.job_id)
+                copy.refetch(self.t.fs, f"{remote}/{rel}")
+            copy.close()
+        staging = self._staging(step)
+        (staging / f"{MANIFEST}.fetch").write_bytes(json.dumps(manifest).encode())
+        os.replace(staging / f"{MANIFEST}.fetch", staging / MANIFEST)
+        if (why := _incomplete(staging)) is not None:
+            log.warning("checkpoint %d of %s could not be prefetched: %s", step, self.job_id, why)
+            self.failed.add(step)
+            self._drop(step)
+            return moved
+        for key in [k for k in self.copies if k[0] == step]:
+            del self.copies[key]
+        os.replace(staging, final)
+        self.installed[step] = early
+        log.info("prefetched checkpoint %d of %s (%d bytes before it was complete in the store)", step,
+                 self.job_id, early)
+        return moved
+
+    def _drop(self, step: int) -> None:
+        for key in [k for k in self.copies if k[0] == step]:
+            self.copies.pop(key).close()
+        shutil.rmtree(self._staging(step), ignore_errors=True)
+
+    def _drop_unfinished(self) -> None:
+        for step in {s for s, _ in self.copies}:
+            self._drop(step)
