@@ -10,9 +10,12 @@ Two LocalClusters of 2 nodes x 1 device, one after the other:
   cache and checkpoints go through an fsspec store: the source agent streams each rank file to the
   store while the worker writes it and finishes the upload once it commits, before reporting it
   (``upload_s`` in the ``checkpointed`` event: what was left after the commit), the target agent
-  fetches it before starting the worker;
-* ``serial``: the same with streaming off (``SINGULARITY_STORE_STREAM=0``, the default): the
-  whole upload starts at the commit, for a side-by-side comparison in one run (``store`` sets it to 1).
+  copies the bytes as they arrive in the store and finishes the fetch before starting the worker;
+* ``serial``: the same with streaming off (``SINGULARITY_STORE_STREAM=0``, the default) and no
+  prefetch (``SINGULARITY_STORE_PREFETCH=0``): the whole upload starts at the commit and the
+  destination fetches only when the job starts there, for a side-by-side comparison in one run;
+* ``prefetch``: no streaming, but the destination copies the checkpoint as the upload puts it in
+  the store (the default configuration); ``stream``: streaming without prefetch; ``store``: both.
 
 The job is the one of ``bench/checkpoint.py`` (``size`` MB of float32 tensors, then a loop that
 prints a line every ~10 ms). It is migrated ``--reps`` times, alternately node-1 -> node-2 and
@@ -47,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoint import (MB, Collector, best, disk_free_gb, disk_time, fmt_s, job_source,  # noqa: E402
                         med, print_table, restart_point, stop_point)
 
+from backend.agent.prefetch import PREFETCH_ENV  # noqa: E402
 from backend.agent.transfer import STREAM_ENV  # noqa: E402
 from singularity_sdk import EventType, LocalCluster  # noqa: E402
 
@@ -99,11 +103,18 @@ def measure_size(client: Any, disk_folder: Path, size_mb: int, reps: int) -> lis
     return rows
 
 
+#: the store modes: whether the source streams its upload during the write, whether the destination
+#: copies the checkpoint as it arrives
+STORE_MODES = {"serial": (False, False), "prefetch": (False, True), "stream": (True, False), "store": (True, True)}
+
+
 def run_mode(mode: str, sizes: list[int], reps: int, tmp: Path, store_root: Path) -> list[dict[str, Any]]:
     store: Optional[str] = None
-    if mode in ("store", "serial"):
+    if mode in STORE_MODES:
         store = (store_root / mode).as_uri()
-    os.environ[STREAM_ENV] = "0" if mode == "serial" else "1"  # the cluster's agents inherit it
+    streams, prefetches = STORE_MODES.get(mode, (False, False))
+    os.environ[STREAM_ENV] = "1" if streams else "0"  # the cluster's agents inherit them
+    os.environ[PREFETCH_ENV] = "1" if prefetches else "0"
     with LocalCluster(nodes=2, devices_per_node=1, store=store) as cluster, cluster.client() as client:
         folder = (cluster.home / "agents" / "node-1" / "checkpoint-cache") if store else cluster.home / "checkpoints"
         folder.mkdir(parents=True, exist_ok=True)
@@ -148,7 +159,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="10,100,1000", help="state sizes in MB, comma-separated (smallest first)")
     p.add_argument("--reps", type=int, default=5, help="migrations per size and mode")
-    p.add_argument("--modes", default="shared,serial,store", help="shared (one checkpoint folder), store (fsspec file://, streamed), serial (store, not streamed)")
+    p.add_argument("--modes", default="shared,serial,store",
+                   help="shared (one checkpoint folder); through an fsspec file:// store: serial (upload after the "
+                        "commit, fetch at the start), prefetch (the destination copies as the upload arrives), "
+                        "stream (the upload streams during the write), store (both)")
     p.add_argument("--quick", action="store_true", help="10 and 100 MB, one migration each")
     p.add_argument("--store-dir", type=Path, default=None,
                    help="where the store modes' store lives (default: beside the caches, on their disk); a folder "

@@ -56,7 +56,7 @@ from singularity_sdk.config import default_home
 from . import accounts, sandbox
 from .credential import obtain as obtain_credential
 from .outbox import Outbox
-from .prefetch import Prefetcher
+from .prefetch import PREFETCH_ENV, Prefetcher
 from .spawner import Spawner
 from .transfer import CheckpointTransfer
 from .workers import JobRun
@@ -301,7 +301,7 @@ class Agent:
                     run.send_control({"op": "checkpoint", "then": msg.then, "reason": msg.reason,
                                       "timeout_s": msg.timeout_s})
             elif isinstance(msg, PrefetchCheckpoint):
-                if self.transfer is not None and msg.job_id not in self.runs:
+                if self.transfer is not None and msg.job_id not in self.runs and os.environ.get(PREFETCH_ENV) != "0":
                     if (old := self.prefetches.pop(msg.job_id, None)) is not None:  # an earlier move's
                         asyncio.create_task(asyncio.to_thread(old.stop))
                     self.prefetches[msg.job_id] = Prefetcher(self.transfer, msg.job_id, msg.attempt).start()

@@ -33,6 +33,8 @@ from backend.proxy.checkpoint.store import BLOB_DIR, committed_step, lower_this_
 from .transfer import STREAM_CHUNK, STREAMS, CheckpointTransfer, _incomplete
 
 log = logging.getLogger("singularity.agent")
+#: "0" in the agent's environment turns prefetching off (a store billed per listing, say)
+PREFETCH_ENV = "SINGULARITY_STORE_PREFETCH"
 #: a prefetch whose job never starts here (it went elsewhere, or its checkpoint failed) ends after this
 GIVE_UP_S = 600.0
 MANIFEST = "manifest.json"
@@ -85,9 +87,11 @@ class Prefetcher:
     the job starts here (`finish`) or after `GIVE_UP_S`.
     """
 
-    def __init__(self, transfer: CheckpointTransfer, job_id: str, attempt: int, poll_s: float = 0.02,
+    def __init__(self, transfer: CheckpointTransfer, job_id: str, attempt: int, poll_s: Optional[float] = None,
                  give_up_s: float = GIVE_UP_S) -> None:
-        self.t, self.job_id, self.attempt, self.poll_s, self.give_up_s = transfer, job_id, attempt, poll_s, give_up_s
+        self.t, self.job_id, self.attempt, self.give_up_s = transfer, job_id, attempt, give_up_s
+        #: a listing of a filesystem costs little; an object store's is a billed request
+        self.poll_s = poll_s if poll_s is not None else (0.02 if "file" in transfer.fs.protocol else 0.25)
         self.local_job = transfer.cache_root / job_id
         self.copies: dict[tuple[int, str], _Copy] = {}
         #: steps installed into the cache, and the bytes copied before their manifest was in the store
