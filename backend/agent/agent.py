@@ -353,8 +353,10 @@ class Agent:
         try:
             if self.transfer is not None:
                 await asyncio.to_thread(self.transfer.fence, spec.job_id, spec.attempt)
-                if spec.restore:
-                    t0, prefetch = time.monotonic(), self.prefetches.pop(spec.job_id, None)
+                t0, prefetch = time.monotonic(), self.prefetches.pop(spec.job_id, None)
+                if prefetch is not None and not spec.restore:  # nothing to restore after all
+                    await asyncio.to_thread(prefetch.stop)
+                elif spec.restore:
                     early = await asyncio.to_thread(prefetch.finish) if prefetch is not None else {}
                     await asyncio.to_thread(self.transfer.download, spec.job_id, upto=spec.restore_step)
                     run.fetched = {"fetch_s": round(time.monotonic() - t0, 3),

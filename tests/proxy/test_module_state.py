@@ -65,6 +65,26 @@ def test_modules_the_host_had_before_the_program_are_not_the_jobs(job_folder):
     assert "jobconfig" not in module_state.capture([str(job_folder)], probe)
 
 
+def test_modules_that_only_look_like_the_jobs_are_left_alone(job_folder, monkeypatch):
+    """torch.ops names its file "_ops.py", which resolved against the job's folder would make torch's
+    globals the job's; multiprocessing's __mp_main__ is the program itself under another name."""
+    import types
+
+    fake = types.ModuleType("lib_ops")
+    fake.__file__ = "_ops.py"
+    fake.loaded_libraries = set()
+    (job_folder / "_ops.py").write_text("")  # even where that name exists in the job's folder
+    main = types.ModuleType("__main__")
+    main.__file__ = str(job_folder / "train.py")
+    main.step = 3
+    monkeypatch.setitem(sys.modules, "lib_ops", fake)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setitem(sys.modules, "__mp_main__", main)
+    import jobconfig  # noqa: F401
+
+    assert set(module_state.capture([str(job_folder)], probe)) == {"jobconfig"}
+
+
 def test_a_sys_path_entry_inside_the_job_folder_resolves_on_another_node(job_folder, tmp_path_factory, monkeypatch):
     saved = dumps(context.import_path())
     elsewhere = tmp_path_factory.mktemp("other-node")

@@ -100,14 +100,17 @@ def test_a_warning_filter_comes_back(clean_process):
 
 def test_a_handler_that_cannot_be_saved_is_named_and_left_out(clean_process):
     a, b = socket.socketpair()
-    handler = logging.StreamHandler(a.makefile("w"))
+    handler, fine = logging.StreamHandler(a.makefile("w")), logging.NullHandler()
     logging.getLogger("train").addHandler(handler)
+    logging.getLogger("metrics").addHandler(fine)  # probed with it, but saved: only 'train' loses its handler
     try:
         with pytest.warns(RuntimeWarning, match="logging handler .* of logger 'train' cannot be saved"):
             saved = saved_now()
         assert saved["logging"]["loggers"]["train"]["handlers"] is None
+        assert [type(h) for h in saved["logging"]["loggers"]["metrics"]["handlers"]] == [logging.NullHandler]
     finally:
         logging.getLogger("train").removeHandler(handler)
+        logging.getLogger("metrics").removeHandler(fine)
         a.close(), b.close()
 
 

@@ -51,6 +51,7 @@ def job_modules(folders: Iterable[str]) -> dict[str, types.ModuleType]:
         return {}
     out = {}
     hosts = _start["modules"]
+    main = sys.modules.get("__main__")
     for name, module in list(sys.modules.items()):
         if name in hosts:
             continue
@@ -58,8 +59,12 @@ def job_modules(folders: Iterable[str]) -> dict[str, types.ModuleType]:
         mine = _decided.get(key)
         if mine is None:  # one realpath per module, not one per module per checkpoint
             path = getattr(module, "__file__", None)
-            mine = _decided[key] = bool(path) and name != "__main__" and name.partition(".")[0] not in OWN_PACKAGES \
-                and in_job_folder(os.path.realpath(path), real)
+            # not the program itself under another name (multiprocessing's __mp_main__), and not a
+            # module whose __file__ is no path at all (torch.ops says "_ops.py": relative to nothing,
+            # it would resolve into the job's folder)
+            mine = _decided[key] = isinstance(path, str) and os.path.isabs(path) and name != "__main__" \
+                and module is not main \
+                and name.partition(".")[0] not in OWN_PACKAGES and in_job_folder(os.path.realpath(path), real)
         if mine:
             out[name] = module
     return out

@@ -193,12 +193,14 @@ def _changed_by_job(name: str, logger: logging.Logger) -> bool:
 
 def _logging(probe: Callable[[Any], Optional[str]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, logger in _all_loggers().items():
-        if not _changed_by_job(name, logger):
-            continue
+    changed = {name: logger for name, logger in _all_loggers().items() if _changed_by_job(name, logger)}
+    # One probe for all the handlers (torch alone gives ~40 loggers a stderr handler): they share
+    # their streams and formatters, so together they cost what one does; one at a time only if not.
+    every_one_saves = probe([h for logger in changed.values() for h in logger.handlers]) is None
+    for name, logger in changed.items():
         handlers: Optional[list] = []
         for handler in logger.handlers:
-            why = probe(handler)
+            why = None if every_one_saves else probe(handler)
             if why is not None:
                 if (name, id(handler)) not in _warned:
                     _warned.add((name, id(handler)))
