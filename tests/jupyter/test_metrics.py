@@ -78,13 +78,22 @@ def test_metrics_series_equals_the_printed_values(jclient, jcluster):
         assert job.metrics(as_frame=True).to_dict("records") == rows
 
 
+def _last_step_drawn(svg: str) -> float:
+    """The step at the right end of the chart's x axis (-1 before there is a curve)."""
+    if 'class="singularity-curve"' not in svg:
+        return -1
+    m = re.search(r'>([-0-9.e+]+)</text></svg>$', svg)
+    return float(m.group(1)) if m else -1
+
+
 def test_the_chart_marks_a_preemption(shell, jclient):
     shell.run_line_magic("singularity_config", "--widgets on")
     cell = "import time\nfor i in range(100000):\n    print(f'step={i} loss={1 / (i + 1)}', flush=True)\n    time.sleep(0.02)"
     job = shell.run_cell_magic("singularity", "--no-wait --name charted", cell)
     w = magics(shell).widgets[job.id]
     try:
-        wait_until(lambda: 'class="singularity-curve"' in w.chart.value, timeout=60, what="the curve")
+        # a few steps drawn first: a curve of one point spans no width, and neither would its band
+        wait_until(lambda: _last_step_drawn(w.chart.value) >= 3, timeout=60, what="a curve of a few steps")
         job.preempt(timeout=60)
         wait_until(lambda: "singularity-marker-preempted" in w.chart.value, what="a marker at the preemption")
         assert "singularity-devices" in w.chart.value  # the device count shaded under the curve

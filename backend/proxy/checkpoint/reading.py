@@ -65,14 +65,17 @@ class ParallelReads:
         if len(view) < PARALLEL_MIN or pieces < 2:
             return self._f.readinto(view)
         if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="sg-restore-read")
+            self._pool = concurrent.futures.ThreadPoolExecutor(self._threads - 1, thread_name_prefix="sg-restore-read")
         start = self._f.tell()  # counts what the file object has buffered but not handed out
         fd = self._f.fileno()
         bounds = [len(view) * i // pieces for i in range(pieces + 1)]
-        futures = [self._pool.submit(_pread_into, fd, view[a:b], start + a) for a, b in zip(bounds, bounds[1:])]
+        spans = list(zip(bounds, bounds[1:]))
+        # the pool reads the other pieces while this thread reads the first (so at least two
+        # threads read, however the pool hands out its work)
+        futures = [self._pool.submit(_pread_into, fd, view[a:b], start + a) for a, b in spans[1:]]
+        first = _pread_into(fd, view[:bounds[1]], start)
         done = 0
-        for (a, b), future in zip(zip(bounds, bounds[1:]), futures):
-            got = future.result()
+        for (a, b), got in zip(spans, [first, *(f.result() for f in futures)]):
             if done == a:  # only bytes contiguous from the start count (a short piece is the file's end)
                 done = a + got
         self._f.seek(start + done)
