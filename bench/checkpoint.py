@@ -144,7 +144,9 @@ def restart_point(c: Collector, since: int) -> dict[str, float]:
     resumed = c.first(EventType.RESUMED, started.seq)
     line = c.step_line(resumed.seq)
     return {"sched_t": sched.time, "started_t": started.time, "resumed_t": resumed.time, "line_t": line.time,
-            "node": str(resumed.data.get("node", "")), "line_seq": line.seq}
+            "node": str(resumed.data.get("node", "")), "line_seq": line.seq,
+            # through a store: the bytes the destination copied before the checkpoint was complete
+            "prefetched": float(started.data.get("prefetched_bytes") or 0)}
 
 
 # --------------------------------------------------------------------------- the disk's own time

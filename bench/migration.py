@@ -88,12 +88,13 @@ def measure_size(client: Any, disk_folder: Path, size_mb: int, reps: int) -> lis
                 "to_line": rp["line_t"] - rp["resumed_t"], "total": rp["line_t"] - req.time,
                 "migrated_s": float(moved.data.get("seconds") or 0),
                 "disk_write": disk["write"], "disk_read": disk["read"], "disk_cold": disk["cold"],
-                "route": f"{src}->{rp['node'] or dst}",
+                "route": f"{src}->{rp['node'] or dst}", "prefetched": rp["prefetched"] / max(1, sp["bytes"]),
             })
             r = rows[-1]
             print(f"  {size_mb} MB {r['route']}: total {r['total']:.3f} s (write {r['write']:.3f}, upload "
                   f"{r['upload']:.3f}, fetch+spawn {r['fetch']:.3f}, restore "
-                  f"{r['to_resumed'] + r['to_line']:.3f}); disk write {disk['write']:.3f} read {disk['read']:.3f}",
+                  f"{r['to_resumed'] + r['to_line']:.3f}, {r['prefetched']:.0%} prefetched); "
+                  f"disk write {disk['write']:.3f} read {disk['read']:.3f}",
                   flush=True)
     finally:
         try:

@@ -25,7 +25,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from backend.proxy.checkpoint import digest
 from backend.proxy.checkpoint.store import BLOB_DIR, committed_step, lower_this_thread
@@ -38,6 +38,9 @@ PREFETCH_ENV = "SINGULARITY_STORE_PREFETCH"
 #: a prefetch whose job never starts here (it went elsewhere, or its checkpoint failed) ends after this
 GIVE_UP_S = 600.0
 MANIFEST = "manifest.json"
+#: what the background copies between two looks at whether the job is starting (a thread at a
+#: lower priority may wait long for its next slice on a busy node: the start must not wait for it)
+PIECE = 1 << 20
 
 
 class _Copy:
@@ -50,28 +53,33 @@ class _Copy:
         self.out = open(local, "wb")
         self.got = 0
         self.hash = digest.new()
+        #: copied from the committed file from its first byte (after a `restart`): what a download gets
+        self.fresh = False
+        #: whole, and matching the manifest (or `fresh`)
+        self.checked = False
 
-    def pull(self, fs: Any, remote: str, size: int, limit: Optional[int]) -> int:
+    def pull(self, fs: Any, remote: str, size: int, limit: Optional[int],
+             stop: Callable[[], bool] = lambda: False) -> int:
         """Copy up to ``limit`` (None: all) of the bytes between what is here and ``size``, a
-        chunk at a time."""
+        piece at a time, until ``stop()`` says to."""
         want = size - self.got if limit is None else min(size - self.got, limit)
         if want <= 0:
             return 0
         moved = 0
         with fs.open(remote, "rb") as f:
             f.seek(self.got)
-            while moved < want and (data := f.read(min(STREAM_CHUNK, want - moved))):
+            while moved < want and not stop() and (data := f.read(min(PIECE, want - moved))):
                 self.out.write(data)
                 self.hash.update(data)
                 self.got += len(data)
                 moved += len(data)
         return moved
 
-    def refetch(self, fs: Any, remote: str) -> None:
-        """The copy does not match the manifest: fetch the committed file whole instead."""
-        self.out.close()
-        fs.get_file(remote, str(self.local))
-        self.got = self.local.stat().st_size
+    def restart(self) -> None:
+        """The copy does not match the manifest: copy the committed file again from its start."""
+        self.out.seek(0)
+        self.out.truncate()
+        self.got, self.hash, self.fresh = 0, digest.new(), True
 
     def close(self) -> None:
         self.out.close()
@@ -101,6 +109,11 @@ class Prefetcher:
         #: steps whose prefetch failed: the start downloads them as before
         self.failed: set[int] = set()
         self._finishing = threading.Event()
+        #: per step being installed: its manifest, and the bytes copied before it was complete
+        self._manifests: dict[int, dict[str, Any]] = {}
+        self._early: dict[int, int] = {}
+        #: held while copies change hands: by the thread for one piece at a time, by `finish`
+        self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -111,17 +124,23 @@ class Prefetcher:
 
     def finish(self) -> dict[int, int]:
         """The job starts here: complete every checkpoint whose manifest is in the store, then stop.
-        Returns the steps installed, each with the bytes that were copied before it was complete."""
+        Returns the steps installed, each with the bytes that were copied before it was complete.
+
+        The rest is fetched on the caller's thread, as soon as the thread has finished the piece it
+        is copying: the job waits for it now, so it must not run at the background's priority."""
         self._finishing.set()
-        self._join()
-        return dict(self.installed)
+        with self._lock:
+            try:
+                self._apply(self._arriving(), finishing=True)
+            except Exception as exc:  # never the start's failure: the download fetches what is missing
+                log.warning("prefetching checkpoints of %s: %s; the start downloads them", self.job_id, exc)
+            finally:
+                self._drop_unfinished()
+            return dict(self.installed)
 
     def stop(self) -> None:
         """Stop at once and drop what is not installed (the agent is shutting down)."""
         self._stopping.set()
-        self._join()
-
-    def _join(self) -> None:
         if self._thread is not None:
             self._thread.join()
 
@@ -130,38 +149,41 @@ class Prefetcher:
         lower_this_thread()
         end = time.monotonic() + self.give_up_s
         try:
-            self._after = self._newest_complete()
-            while not self._stopping.is_set() and time.monotonic() < end:
-                finishing = self._finishing.is_set()
+            with self._lock:
+                self._after = self._newest_complete()
+            while not (self._stopping.is_set() or self._finishing.is_set()) and time.monotonic() < end:
                 try:
-                    moved = self._turn(finishing)
+                    arriving = self._arriving()
+                    with self._lock:
+                        moved = 0 if self._finishing.is_set() else self._apply(arriving, finishing=False)
                 except OSError as exc:  # the store hiccuped: try again next turn
                     log.warning("prefetching checkpoints of %s: %s", self.job_id, exc)
                     moved = 0
-                if finishing:
-                    return
                 if not moved:
                     self._finishing.wait(self.poll_s)
         except Exception:
             log.exception("prefetching checkpoints of %s failed; the start will download them", self.job_id)
         finally:
-            self._drop_unfinished()
+            with self._lock:
+                if not self._finishing.is_set():  # else `finish` has taken what was copied
+                    self._drop_unfinished()
 
     def _newest_complete(self) -> int:
         steps = [committed_step(n) for n in self.t._committed(self.job_id)]
         return max((s for s in steps if s is not None), default=-1)
 
-    def _turn(self, finishing: bool) -> int:
-        """One pass: copy a chunk of each file on its way into the store; install each checkpoint
-        whose manifest has arrived. Finishing (the job starts here): only install those."""
+    def _apply(self, arriving: dict[int, tuple[dict[str, tuple[str, int]], bool]], finishing: bool) -> int:
+        """One pass over what is arriving (under the lock): copy a chunk of each file on its way
+        into the store; install each checkpoint whose manifest has arrived. Finishing (the job
+        starts here): only install those."""
         job = self.t._job(self.job_id)
         moved = 0
-        for step, (files, complete) in sorted(self._arriving(job).items()):
+        for step, (files, complete) in sorted(arriving.items()):
             if step in self.installed or step in self.failed:
                 continue
             if complete:
                 try:
-                    moved += self._install(job, step)
+                    moved += self._install(job, step, finishing)
                 except (OSError, ValueError, KeyError) as exc:
                     log.warning("checkpoint %d of %s could not be prefetched (%s); it is downloaded at the start",
                                 step, self.job_id, exc)
@@ -169,12 +191,17 @@ class Prefetcher:
                     self._drop(step)
             elif not finishing:
                 for rel, (remote, size) in files.items():
-                    moved += self._copy(step, rel).pull(self.t.fs, remote, size, STREAM_CHUNK)
+                    if self._finishing.is_set():
+                        break
+                    moved += self._copy(step, rel).pull(self.t.fs, remote, size, STREAM_CHUNK,
+                                                        stop=self._finishing.is_set)
         return moved
 
-    def _arriving(self, job: str) -> dict[int, tuple[dict[str, tuple[str, int]], bool]]:
+    def _arriving(self) -> dict[int, tuple[dict[str, tuple[str, int]], bool]]:
         """Per step newer than ``_after``: its files in the store (relative name -> where, size;
-        the committed folder's copy over the streamed one) and whether its manifest is there."""
+        the committed folder's copy over the streamed one) and whether its manifest is there.
+        Reads only the store, so it runs outside the lock."""
+        job = self.t._job(self.job_id)
         found: dict[int, tuple[dict[str, tuple[str, int]], bool]] = {}
         streams = f"{job}/{STREAMS}/a{self.attempt}"
         for base in (streams, job):
@@ -205,16 +232,20 @@ class Prefetcher:
     def _staging(self, step: int) -> Path:
         return self.local_job / f".ckpt-{step:08d}.prefetch"
 
-    def _install(self, job: str, step: int) -> int:
-        """The checkpoint is complete in the store: fetch the rest, check it, put it in the cache."""
+    def _install(self, job: str, step: int, finishing: bool) -> int:
+        """The checkpoint is complete in the store: fetch the rest, check it, put it in the cache.
+        In the background a turn copies a chunk of each file and stops when the job starts;
+        finishing, it runs to the end."""
         remote = f"{job}/ckpt-{step:08d}"
         final = self.local_job / f"ckpt-{step:08d}"
-        early = sum(c.got for (s, _), c in self.copies.items() if s == step)
+        early = self._early.setdefault(step, sum(c.got for (s, _), c in self.copies.items() if s == step))
         if (final / MANIFEST).exists():
             self._drop(step)
             self.installed[step] = early
             return 0
-        manifest = json.loads(self.t.fs.cat_file(f"{remote}/{MANIFEST}"))
+        if step not in self._manifests:
+            self._manifests[step] = json.loads(self.t.fs.cat_file(f"{remote}/{MANIFEST}"))
+        manifest = self._manifests[step]
         wanted: dict[str, tuple[int, Optional[str]]] = {
             # an entry without the current digest (an older engine's) never matches: fetched whole
             n: (int(e["bytes"]), e.get(digest.NAME, "")) for n, e in (manifest.get("files") or {}).items()}
@@ -223,15 +254,14 @@ class Prefetcher:
             copy = self.copies.pop(key)  # not part of the checkpoint after all
             copy.close()
             copy.local.unlink(missing_ok=True)
+        limit, stop = (None, lambda: False) if finishing else (STREAM_CHUNK, self._finishing.is_set)
         moved = 0
         for rel, (nbytes, expected) in wanted.items():
-            copy = self._copy(step, rel)
-            moved += copy.pull(self.t.fs, f"{remote}/{rel}", nbytes, None)
-            if copy.got != nbytes or (expected is not None and copy.hash.hexdigest() != expected):
-                log.info("prefetched %s of checkpoint %d of %s differs from the committed file; fetching it whole",
-                         rel, step, self.job_id)
-                copy.refetch(self.t.fs, f"{remote}/{rel}")
-            copy.close()
+            moved += self._settle(step, rel, f"{remote}/{rel}", nbytes, expected, limit, stop)
+        if not finishing and not all(self.copies[(step, rel)].checked for rel in wanted):
+            return moved  # more next turn, or `finish` completes it
+        for rel in wanted:
+            self.copies[(step, rel)].close()
         staging = self._staging(step)
         (staging / f"{MANIFEST}.fetch").write_bytes(json.dumps(manifest).encode())
         os.replace(staging / f"{MANIFEST}.fetch", staging / MANIFEST)
@@ -246,6 +276,28 @@ class Prefetcher:
         self.installed[step] = early
         log.info("prefetched checkpoint %d of %s (%d bytes before it was complete in the store)", step,
                  self.job_id, early)
+        return moved
+
+    def _settle(self, step: int, rel: str, remote: str, nbytes: int, expected: Optional[str],
+                limit: Optional[int], stop: Callable[[], bool]) -> int:
+        """Copy more of one file of a complete checkpoint; mark it checked once it is whole and has
+        the manifest's digest. A copy that differs (the source rewrote the file, or dropped a
+        streamed copy and uploaded it whole) is copied again from the committed file."""
+        copy = self._copy(step, rel)
+        moved = 0
+        while not copy.checked and not stop():
+            got = copy.pull(self.t.fs, remote, nbytes, limit, stop)
+            moved += got
+            differs = copy.got == nbytes and expected is not None and copy.hash.hexdigest() != expected
+            if copy.got > nbytes or (differs and not copy.fresh):
+                log.info("prefetched %s of checkpoint %d of %s differs from the committed file; copying it again",
+                         rel, step, self.job_id)
+                copy.restart()
+                continue
+            if copy.got == nbytes:
+                copy.checked = True  # a fresh copy that differs is the store's damage: the restore refuses it
+            elif got == 0 or limit is not None:
+                break  # the store's file is short (the install refuses it), or this turn's share is done
         return moved
 
     def _drop(self, step: int) -> None:

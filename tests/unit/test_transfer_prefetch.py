@@ -70,11 +70,13 @@ def test_the_destination_copies_the_checkpoint_while_the_source_still_writes_it(
     finally:
         if streamer is not None:
             streamer.stop()
+    installed = tmp_path / "dst" / "job" / "ckpt-00000007" / "rank-0.pt"
+    # in the background, before the job starts here: the checkpoint is in the cache, checked
+    _until(lambda: installed.exists(), "the prefetched checkpoint installed by the thread")
     early = prefetch.finish()
     assert set(early) == {7}
     if streamed:
         assert early[7] >= len(first)
-    installed = tmp_path / "dst" / "job" / "ckpt-00000007" / "rank-0.pt"
     inode = installed.stat().st_ino
     restored = _restored(tmp_path / "dst", dst, 7)
     assert restored is not None and restored.step == 7
