@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import sys
 import threading
@@ -100,3 +101,11 @@ def test_a_module_that_is_gone_is_a_clear_restore_error(job_folder):
 
     with pytest.raises(CheckpointError, match="module 'jobgone'.*cannot be imported here"):
         module_state.apply({"jobgone": {"lr": 0.1}})
+
+
+def test_a_library_is_told_without_resolving_its_path_unless_the_job_lives_beside_it(tmp_path):
+    library = os.path.join(sys.prefix, "lib", "python3", "site-packages", "torch", "ops.py")
+    assert module_state._installed(library, [str(tmp_path)])
+    assert not module_state._installed(str(tmp_path / "helpers.py"), [str(tmp_path)])
+    # a job kept under the interpreter's prefix: decided the long way, by in_job_folder
+    assert not module_state._installed(os.path.join(sys.prefix, "job", "helpers.py"), [os.path.join(sys.prefix, "job")])
