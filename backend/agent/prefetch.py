@@ -112,7 +112,8 @@ class Prefetcher:
         #: per step being installed: its manifest, and the bytes copied before it was complete
         self._manifests: dict[int, dict[str, Any]] = {}
         self._early: dict[int, int] = {}
-        #: held while copies change hands: by the thread for one piece at a time, by `finish`
+        #: held while the copies change: by the thread for a turn (which ends at the next piece once
+        #: `finish` has begun), then by `finish`
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
