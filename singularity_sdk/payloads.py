@@ -42,6 +42,10 @@ class Started(Payload):
     pids: dict[str, int] = Field(default_factory=dict)
     devices: list[int] = Field(default_factory=list)
     attempt: Optional[int] = None
+    #: through a store: seconds spent fetching the checkpoint before the start, and how many of its
+    #: bytes the node had copied while the source was still writing and uploading it
+    fetch_s: Optional[float] = None
+    prefetched_bytes: Optional[int] = None
 
 
 class Log(Payload):

@@ -12,6 +12,7 @@ from pathlib import Path
 from exactness import assert_retried_from_a_checkpoint, run_plain, source, stdout_lines, wait_for_lines
 from backend.agent.transfer import STREAM_ENV, STREAMS
 from singularity_sdk import EventType, JobState, LocalCluster
+from singularity_sdk.render import describe
 
 #: the worker sleeps after its first write into a rank file: the moment to look at the store
 HOOK = {"SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE": "1.5"}
@@ -75,6 +76,7 @@ def test_a_migration_through_the_store_uploads_while_the_worker_writes(tmp_path,
         assert moved and moved[0].data["to"] == there
         started = [e for e in job.events(since=since, follow=False) if e.type == EventType.STARTED]
         assert started[0].data["prefetched_bytes"] > 0 and started[0].data["fetch_s"] >= 0
+        assert "of it while it was written" in describe(started[0])  # what `singularityctl events` shows
 
         # kill -9 the worker half-way through a streamed write: its part in the store is never
         # restored; the retry resumes from the checkpoint before, and the output stays exact
