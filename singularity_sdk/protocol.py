@@ -451,11 +451,13 @@ class CheckpointJob(Strict):
 class PrefetchCheckpoint(Strict):
     """Server -> agent: a job is migrating here; follow the checkpoint that ``attempt`` (the
     source's) is writing into the store and copy it while it arrives (backend/agent/prefetch.py).
-    Only a hint: the start that follows restores whatever the server names."""
+    Only a hint: the start that follows restores whatever the server names. ``cancel``: the
+    migration was called off or went elsewhere; stop and drop the copy."""
 
     type: Literal["prefetch"] = "prefetch"
     job_id: str
     attempt: int
+    cancel: bool = False
 
 
 class Ack(Strict):

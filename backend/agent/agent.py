@@ -300,6 +300,12 @@ class Agent:
                 if run and run.spec.attempt == msg.attempt:
                     run.send_control({"op": "checkpoint", "then": msg.then, "reason": msg.reason,
                                       "timeout_s": msg.timeout_s})
+            elif isinstance(msg, PrefetchCheckpoint) and msg.cancel:
+                prefetch = self.prefetches.get(msg.job_id)
+                if prefetch is not None and prefetch.attempt == msg.attempt:
+                    log.info("%s will not start here after all: its prefetched checkpoint is dropped", msg.job_id)
+                    del self.prefetches[msg.job_id]
+                    asyncio.create_task(asyncio.to_thread(prefetch.stop))
             elif isinstance(msg, PrefetchCheckpoint):
                 if self.transfer is not None and msg.job_id not in self.runs and os.environ.get(PREFETCH_ENV) != "0":
                     if (old := self.prefetches.pop(msg.job_id, None)) is not None:  # an earlier move's

@@ -28,6 +28,7 @@ from singularity_sdk.protocol import (
 from . import lifecycle, log_replay
 from .core import AgentLink, Core, Movers, Starts
 from .lifecycle import MOVES, JobRecord
+from .moves import call_off_prefetch
 
 log = logging.getLogger("singularity.server")
 
@@ -228,8 +229,10 @@ class AgentSide:
         elif ae.type == EventType.CHECKPOINT_FAILED:
             emit(ae.type, ae.data, ae.time)
             # A move is answered with the error; the job runs on untouched, at its old size.
-            if called_off := lifecycle.move_called_off(JobRecord.from_row(row)):
+            job = JobRecord.from_row(row)
+            if called_off := lifecycle.move_called_off(job):
                 self.store.update_job(ae.job_id, **called_off)
+                call_off_prefetch(self.core, ae.job_id, row["attempt"], job.stop_detail)
         elif ae.type == EventType.RESUMED:
             resumed = read(ae)
             if resumed.rank != 0:
@@ -373,6 +376,7 @@ class AgentSide:
             bound = float(job.stop_detail.get("checkpoint_timeout") or self.config.checkpoint_timeout_s)
             if job.stop_detail.get("answered") or now - row["moved_at"] < bound + BACKSTOP_SLACK_S:
                 continue
+            call_off_prefetch(self.core, info.id, row["attempt"], job.stop_detail)
             with self.store.tx():
                 self.store.update_job(info.id, **lifecycle.move_called_off(job))
                 ev = self.core.emit(info.id, EventType.CHECKPOINT_FAILED, {

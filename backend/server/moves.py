@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from backend.scheduler.placement import FreeDevices, fmt_placement
 from singularity_sdk.protocol import (CheckpointJob, EventType, JobInfo, JobState, NodeInfo, NodeState,
@@ -108,7 +108,8 @@ class Moves:
             raise ServiceError(409, f"{where} has no room for {info.gpus} device(s) now; free some or drain later",
                                "node")
         detail = {"from": ",".join(sorted(sources)), "to": to, "reason": reason or f"requested by {by or user}",
-                  "by": by or user, "requested_at": time.time(), "checkpoint_timeout": self._bound(checkpoint_timeout)}
+                  "by": by or user, "requested_at": time.time(), "checkpoint_timeout": self._bound(checkpoint_timeout),
+                  "prefetching": sorted(target)}
         with self.store.tx():
             self.store.update_job(job_id, state=JobState.MIGRATING.value, stop_reason=Stop.MIGRATE.value,
                                   stop_detail_json=json.dumps(detail), migration_json=json.dumps(detail),
@@ -219,6 +220,7 @@ class Moves:
         sources = set(detail.get("from", "").split(","))
         among = exact_nodes.allowed(exact_nodes.recorded(row), self.store.nodes(), self.core.fingerprints)
         target = self._find_room(row["gpus"], exclude=sources, only=detail.get("to"), among=among)
+        call_off_prefetch(self.core, job_id, row["attempt"], detail, keep=set(target or ()))
         if target is None:  # the room went away meanwhile: wait in the queue, resume anywhere
             with self.store.tx():
                 self.store.update_job(job_id, state=JobState.QUEUED.value)
@@ -264,3 +266,10 @@ class Moves:
                 return n
         raise ServiceError(404, f"no node '{name}'; nodes are: {', '.join(n.name for n in self.store.nodes())}",
                            "node")
+
+
+def call_off_prefetch(core: Core, job_id: str, attempt: int, detail: dict[str, Any], keep: Iterable[str] = ()) -> None:
+    """Tell the nodes that copy a migration's checkpoint (``detail["prefetching"]``), but where
+    the job will not start after all (not in ``keep``), to stop and drop the copy."""
+    for node in set(detail.get("prefetching") or ()) - set(keep):
+        core.send(node, PrefetchCheckpoint(job_id=job_id, attempt=attempt, cancel=True))

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from exactness import assert_retried_from_a_checkpoint, run_plain, source, stdout_lines, wait_for_lines
 from backend.agent.transfer import STREAM_ENV, STREAMS
-from singularity_sdk import EventType, JobState, LocalCluster
+import pytest
+
+from singularity_sdk import CheckpointFailed, EventType, JobState, LocalCluster
 from singularity_sdk.render import describe
 
 #: the worker sleeps after its first write into a rank file: the moment to look at the store
@@ -89,3 +91,24 @@ def test_a_migration_through_the_store_uploads_while_the_worker_writes(tmp_path,
         _until_streamed(store, job)
         os.kill(pid, signal.SIGKILL)
         assert_retried_from_a_checkpoint(job, expected_lines, expected_result)
+
+
+def test_a_migration_called_off_stops_the_destinations_prefetch(tmp_path):
+    """The job is inside a long call when the migration is asked for: no safe point comes within
+    the bound, the job runs on where it is, and the node that was copying its checkpoint is told
+    to stop (it would otherwise follow the job's checkpoints for minutes)."""
+    code = "import time\nprint('loading', flush=True)\ntime.sleep(30)\nprint('done', flush=True)\n"
+    with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "h", store=(tmp_path / "store").as_uri()) \
+            as cluster, cluster.client() as client:
+        job = client.submit(code, name="stuck-in-a-call")
+        wait_for_lines(job, 1)
+        there = "node-2" if _node_of(job) == "node-1" else "node-1"
+        with pytest.raises(CheckpointFailed):
+            job.migrate(there, checkpoint_timeout=1.0, timeout=60)
+        assert job.refresh().state == JobState.RUNNING
+        log = tmp_path / "h" / "logs" / f"agent-{there}.log"
+        end = time.monotonic() + 30
+        while "will not start here after all" not in log.read_text() and time.monotonic() < end:
+            time.sleep(0.1)
+        assert "will not start here after all" in log.read_text(), log.read_text()[-2000:]
+        job.cancel()
