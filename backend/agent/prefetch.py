@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 from backend.proxy.checkpoint import digest
 from backend.proxy.checkpoint.store import BLOB_DIR, committed_step, lower_this_thread
 
-from .transfer import STREAM_CHUNK, STREAMS, CheckpointTransfer, _incomplete
+from .transfer import STREAM_CHUNK, STREAMS, CheckpointTransfer, why_incomplete
 
 log = logging.getLogger("singularity.agent")
 #: "0" in the agent's environment turns prefetching off (a store billed per listing, say)
@@ -266,7 +266,7 @@ class Prefetcher:
         staging = self._staging(step)
         (staging / f"{MANIFEST}.fetch").write_bytes(json.dumps(manifest).encode())
         os.replace(staging / f"{MANIFEST}.fetch", staging / MANIFEST)
-        if (why := _incomplete(staging)) is not None:
+        if (why := why_incomplete(staging)) is not None:
             log.warning("checkpoint %d of %s could not be prefetched: %s", step, self.job_id, why)
             self.failed.add(step)
             self._drop(step)

@@ -192,7 +192,7 @@ class CheckpointTransfer:
                 rel = entry[len(remote):].strip("/")
                 (staging / rel).parent.mkdir(parents=True, exist_ok=True)
                 self.fs.get_file(entry, str(staging / rel))
-            if (why := _incomplete(staging)) is not None:
+            if (why := why_incomplete(staging)) is not None:
                 log.warning("%s of %s in the store is damaged and was not fetched: %s", name, job_id, why)
                 shutil.rmtree(staging, ignore_errors=True)
                 continue
@@ -213,7 +213,7 @@ def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p != folder / "manifest.json")
 
 
-def _incomplete(folder: Path) -> Optional[str]:
+def why_incomplete(folder: Path) -> Optional[str]:
     """Why a fetched checkpoint is not whole (a file missing or of another size than its manifest
     says), else None. The digests are checked where the worker reads the bytes, not here: a pass
     over them at the agent would cost as much as the fetch."""
