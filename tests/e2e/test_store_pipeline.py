@@ -97,10 +97,12 @@ def test_a_migration_called_off_stops_the_destinations_prefetch(tmp_path):
     """The job is inside a long call when the migration is asked for: no safe point comes within
     the bound, the job runs on where it is, and the node that was copying its checkpoint is told
     to stop (it would otherwise follow the job's checkpoints for minutes)."""
-    code = "import time\nprint('loading', flush=True)\ntime.sleep(30)\nprint('done', flush=True)\n"
     with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "h", store=(tmp_path / "store").as_uri()) \
             as cluster, cluster.client() as client:
-        job = client.submit(code, name="stuck-in-a-call")
+        # "loading" is printed inside the function that then sleeps: no safe point after it (a
+        # top-level print and sleep would have one between them, reached on a slow machine)
+        job = client.submit(source("stuck_then_loop.py"), filename="stuck_then_loop.py",
+                            env={"STUCK_S": "30", "STEPS": "5"}, name="stuck-in-a-call")
         wait_for_lines(job, 1)
         there = "node-2" if _node_of(job) == "node-1" else "node-1"
         with pytest.raises(CheckpointFailed):
