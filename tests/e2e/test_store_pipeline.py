@@ -16,9 +16,8 @@ import pytest
 from singularity_sdk import CheckpointFailed, EventType, JobState, LocalCluster
 from singularity_sdk.render import describe
 
-#: the worker sleeps after its first write into a rank file: the moment to look at the store (long
-#: enough for the destination's lower-priority copier to get a turn on a loaded machine)
-HOOK = {"SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE": "4"}
+#: the worker sleeps after its first write into a rank file: the moment to look at the store
+HOOK = {"SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE": "1.5"}
 ENV = {"STEPS": "200"}
 #: a few MB of state, so the rank file is more than a header
 CODE = "import os\nballast = os.urandom(4 << 20)\n" + source("steady_rng.py")
