@@ -73,6 +73,7 @@ class _Copy:
                 self.hash.update(data)
                 self.got += len(data)
                 moved += len(data)
+        self.out.flush()  # what was copied is on disk: `got` counts it
         return moved
 
     def restart(self) -> None:
@@ -185,7 +186,15 @@ class Prefetcher:
             if complete:
                 try:
                     moved += self._install(job, step, finishing)
-                except (OSError, ValueError, KeyError) as exc:
+                except OSError as exc:
+                    if not finishing:  # a file moved or the store hiccuped: the next turn tries again
+                        log.info("checkpoint %d of %s: %s; trying again", step, self.job_id, exc)
+                        continue
+                    log.warning("checkpoint %d of %s could not be prefetched (%s); it is downloaded at the start",
+                                step, self.job_id, exc)
+                    self.failed.add(step)
+                    self._drop(step)
+                except (ValueError, KeyError) as exc:
                     log.warning("checkpoint %d of %s could not be prefetched (%s); it is downloaded at the start",
                                 step, self.job_id, exc)
                     self.failed.add(step)
@@ -214,8 +223,8 @@ class Prefetcher:
                 rel = path[len(base):].strip("/")
                 head, _, name = rel.partition("/")
                 step = committed_step(head)
-                if step is None or step <= self._after or not name:
-                    continue
+                if step is None or step <= self._after or not name or name.rpartition("/")[2].startswith("."):
+                    continue  # not a checkpoint's, an older one, or a file on its way in (`publish`)
                 files, complete = found.get(step, ({}, False))
                 if name == MANIFEST:
                     complete = True

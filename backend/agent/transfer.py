@@ -130,7 +130,7 @@ class CheckpointTransfer:
             if "/" in rel:
                 self.fs.makedirs(f"{remote}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
             self.fs.put_file(str(f), f"{remote}/{rel}")
-        self.fs.put_file(str(local / "manifest.json"), f"{remote}/manifest.json")  # last: marks it complete
+        publish(self.fs, local / "manifest.json", f"{remote}/manifest.json")  # last: marks it complete
         self._forget_streams(job_id, attempt, step)
         self._prune(job_id, keep=2)
         return remote
@@ -410,6 +410,17 @@ class Streamer:
         return moved
 
 
+def publish(fs: Any, local: Path, remote: str) -> None:
+    """Put ``local`` at ``remote`` whole or not at all. A file whose presence says "complete" (a
+    checkpoint's manifest, a part's side file) is read as soon as it is seen: a reader of a
+    filesystem store must never find it half-copied. A hidden copy is renamed into place (on an
+    object store, where objects only ever appear whole, this costs one more request)."""
+    head, _, name = remote.rpartition("/")
+    tmp = f"{head}/.{name}.part"
+    fs.put_file(str(local), tmp)
+    fs.mv(tmp, remote)
+
+
 def _listing(folder: Path) -> list[Path]:
     try:
         return list(folder.iterdir())
@@ -488,7 +499,7 @@ class PartExchange:
                         self.t.fs.put_file(str(staging / BLOB_DIR / blob), f"{remote}/{BLOB_DIR}/{blob}")
                         sent_blobs.add(blob)
                 self.t.fs.put_file(str(staging / f"rank-{rank}.pt"), f"{remote}/rank-{rank}.pt")
-                self.t.fs.put_file(str(side), f"{remote}/rank-{rank}.json")  # last: the part is complete
+                publish(self.t.fs, side, f"{remote}/rank-{rank}.json")  # last: the part is complete
                 self.sent.add((step, rank))
                 log.info("sent part %d of checkpoint %d of %s to the store", rank, step, self.job_id)
             if all((step, r) in self.sent for r in self.local):

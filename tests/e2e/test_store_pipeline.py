@@ -11,6 +11,7 @@ from pathlib import Path
 
 from exactness import assert_retried_from_a_checkpoint, run_plain, source, stdout_lines, wait_for_lines
 from backend.agent.transfer import STREAM_ENV, STREAMS
+from backend.proxy.checkpoint.store import HOLD_HOOK_ENV
 import pytest
 
 from singularity_sdk import CheckpointFailed, EventType, JobState, LocalCluster
@@ -18,6 +19,12 @@ from singularity_sdk.render import describe
 
 #: the worker sleeps after its first write into a rank file: the moment to look at the store
 HOOK = {"SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE": "1.5"}
+
+
+def _held(gate: Path) -> dict[str, str]:
+    """The worker waits after its first write into a rank file until ``gate`` exists: the test
+    looks at the store and the destination meanwhile, however slow the machine is."""
+    return {HOLD_HOOK_ENV: str(gate)}
 ENV = {"STEPS": "200"}
 #: a few MB of state, so the rank file is more than a header
 CODE = "import os\nballast = os.urandom(4 << 20)\n" + source("steady_rng.py")
@@ -62,7 +69,8 @@ def test_a_migration_through_the_store_uploads_while_the_worker_writes(tmp_path,
             cluster.client() as client:
         expected_lines, expected_result = run_plain(client, CODE, ENV)
 
-        job = client.submit(CODE, env={**ENV, **HOOK}, name="streamed-migration")
+        gate = tmp_path / "write-may-end"
+        job = client.submit(CODE, env={**ENV, **_held(gate)}, name="streamed-migration")
         wait_for_lines(job, 5)
         there = "node-2" if _node_of(job) == "node-1" else "node-1"
         since = job.refresh().info.last_seq
@@ -72,6 +80,7 @@ def test_a_migration_through_the_store_uploads_while_the_worker_writes(tmp_path,
         assert all(there in p.parts for p in prefetched), "only the destination prefetches"
         # the worker is still inside its write: nothing of this checkpoint has been reported yet
         assert not [e for e in job.events(since=since, follow=False) if e.type == EventType.CHECKPOINTED]
+        gate.touch()
         assert job.wait(180) == JobState.SUCCEEDED, job.info.error
         assert stdout_lines(job) == expected_lines and job.result() == expected_result
         moved = [e for e in job.events(follow=False) if e.type == EventType.MIGRATED]

@@ -218,3 +218,25 @@ def test_a_store_copy_missing_a_file_is_not_fetched(tmp_path):
     restored = _fetch(store, tmp_path / "dst")
     assert restored is not None and restored.step == 1
     assert not (tmp_path / "dst" / "job" / "ckpt-00000002").exists()
+
+
+def test_the_manifest_appears_in_the_store_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A reader (a download, a destination's prefetch) takes a manifest as soon as it sees one: on a
+    filesystem store, a manifest copied in place could be read half-written and the checkpoint
+    taken for damaged. Every byte of it is written under a hidden name, then renamed."""
+    store = tmp_path / "store"
+    t = CheckpointTransfer(store.as_uri(), tmp_path / "src")
+    t.fence("job", 1)
+    final = store / "job" / "ckpt-00000001" / "manifest.json"
+    put, seen = t.fs.put_file, []
+
+    def put_file(lpath, rpath, *args, **kwargs):
+        seen.append((os.path.basename(rpath), final.exists()))
+        return put(lpath, rpath, *args, **kwargs)
+
+    monkeypatch.setattr(t.fs, "put_file", put_file)  # fsspec shares the instance: undone after
+    ref = CheckpointStore(tmp_path / "src" / "job").write(1, 0, 1, lambda f: f.write(os.urandom(MB)))
+    t.upload("job", 1, ref.path)
+    assert ("manifest.json", False) not in seen and ("manifest.json", True) not in seen, seen
+    assert (".manifest.json.part", False) in seen
+    assert _fetch(store, tmp_path / "dst").step == 1

@@ -46,6 +46,10 @@ _COMMITTED = re.compile(r"^ckpt-(\d{8,})$")
 _STAGING = re.compile(r"^\.ckpt-(\d{8,})\.tmp$")
 #: Test hook: seconds to sleep half-way through writing a rank file (so a test can kill -9 us).
 SLEEP_HOOK_ENV = "SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE"
+#: Test hook: a file; half-way through writing a rank file, wait until it exists (at most
+#: `HOLD_LIMIT_S`), so a test can look at a write in flight however slow the machine is
+HOLD_HOOK_ENV = "SINGULARITY_PROXY_TEST_HOLD_IN_WRITE"
+HOLD_LIMIT_S = 120.0
 #: in a job's root: which place its ranks' parts meet in (`meeting_point`)
 MEETING_FILE = ".parts-meet"
 
@@ -153,14 +157,15 @@ class RankFile:
 
     ``blob_dir`` is shared by all ranks of the checkpoint; a writer that stores blobs there
     records the ones its file references in ``blobs`` (digest -> bytes) so the commit can check
-    them.  It also hosts the test sleep hook.
+    them.  It also hosts the test hooks (`SLEEP_HOOK_ENV`, `HOLD_HOOK_ENV`).
     """
 
-    def __init__(self, f: BinaryIO, sleep_s: float, blob_dir: Path) -> None:
+    def __init__(self, f: BinaryIO, blob_dir: Path) -> None:
         self._f = f
         self.hash = digest.new()
         self.bytes = 0
-        self._sleep_s = sleep_s
+        self._sleep_s = float(os.environ.get(SLEEP_HOOK_ENV, "0") or 0)
+        self._hold = os.environ.get(HOLD_HOOK_ENV) or None
         self.blob_dir = blob_dir
         self.blobs: dict[str, int] = {}
 
@@ -169,14 +174,24 @@ class RankFile:
         self.hash.update(view)
         n = self._f.write(view)
         self.bytes += len(view)
-        if self._sleep_s > 0:
-            self._f.flush()
-            os.fsync(self._f.fileno())
-            print(f"[proxy] test hook: sleeping {self._sleep_s}s inside a checkpoint write",
-                  file=sys.stderr, flush=True)
-            time.sleep(self._sleep_s)
-            self._sleep_s = 0.0
+        if self._sleep_s > 0 or self._hold:
+            self._pause()
         return n if n is not None else len(view)
+
+    def _pause(self) -> None:
+        """The test hooks: once per file, after its first write (on disk, so others can see it)."""
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        if self._sleep_s > 0:
+            print(f"[proxy] test hook: sleeping {self._sleep_s}s inside a checkpoint write", file=sys.stderr, flush=True)
+            time.sleep(self._sleep_s)
+        if self._hold:
+            print(f"[proxy] test hook: holding a checkpoint write until {self._hold} exists", file=sys.stderr,
+                  flush=True)
+            end = time.monotonic() + HOLD_LIMIT_S
+            while not os.path.exists(self._hold) and time.monotonic() < end:
+                time.sleep(0.01)
+        self._sleep_s, self._hold = 0.0, None
 
     def flush(self) -> None:
         self._f.flush()
@@ -259,10 +274,9 @@ class CheckpointStore:
         staging.mkdir(exist_ok=True)
         name = f"rank-{rank}.pt"
         part = staging / (name + ".part")
-        sleep_s = float(os.environ.get(SLEEP_HOOK_ENV, "0") or 0)
         try:
             with open(part, "wb") as raw:
-                hw = RankFile(raw, sleep_s, staging / BLOB_DIR)
+                hw = RankFile(raw, staging / BLOB_DIR)
                 writer(hw)
                 raw.flush()
                 os.fsync(raw.fileno())
