@@ -11,6 +11,7 @@ import time
 import pytest
 
 from exactness import rank_lines, source, wait_for_lines
+from backend.proxy.checkpoint.store import HOLD_HOOK_ENV
 from singularity_sdk import EventType, JobState
 from singularity_sdk.errors import Conflict, InvalidRequest
 
@@ -93,19 +94,21 @@ def test_a_killed_rank_restarts_the_job_from_its_consistent_checkpoint(client, r
     _exact_since_restore(job, reference)
 
 
-def test_a_rank_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(client, reference):
-    env = {**ENV, "SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE": "1.0"}
-    job = client.submit(source("ddp_train.py"), gpus=4, env=env, name="ddp-killed-mid-write")
+def test_a_rank_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(client, reference, tmp_path):
+    gate = tmp_path / "hold-the-write"  # while it exists, every rank's write waits half-way
+    job = client.submit(source("ddp_train.py"), gpus=4, env={**ENV, HOLD_HOOK_ENV: str(gate)},
+                        name="ddp-killed-mid-write")
     wait_for_lines(job, 20)
-    job.checkpoint(timeout=60)  # a good one (slow, because of the hook)
+    job.checkpoint(timeout=60)  # a good one
     pids = {r: p for e in job.events(follow=False) if e.type == EventType.STARTED for r, p in e.data["pids"].items()}
     since = job.refresh().info.last_seq
+    gate.touch()
     job.act("checkpoint")
-    for ev in job.events(since=since):
-        if ev.type == EventType.CHECKPOINT_STARTED:
+    for ev in job.events(since=since):  # rank 2 is half-way through its part, however slow the machine
+        if ev.data.get("rank") == 2 and any("test hook: holding a checkpoint write" in x for x in ev.lines):
             break
-    time.sleep(0.4)
-    os.kill(int(pids["2"]), signal.SIGKILL)  # the others finish their parts; the set never completes
+    os.kill(int(pids["2"]), signal.SIGKILL)
+    gate.unlink()  # the others finish their parts; the set never completes
     assert job.wait(180) == JobState.SUCCEEDED, job.info.error
     checkpoints = [e.data["step"] for e in job.events(follow=False) if e.type == EventType.CHECKPOINTED]
     retry = next(e.data for e in job.events(follow=False) if e.type == EventType.RETRYING)

@@ -17,12 +17,8 @@ import pytest
 from singularity_sdk import CheckpointFailed, EventType, JobState, LocalCluster
 from singularity_sdk.render import describe
 
-#: the worker sleeps after its first write into a rank file: the moment to look at the store
-HOOK = {"SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE": "1.5"}
-
-
 def _held(gate: Path) -> dict[str, str]:
-    """The worker waits after its first write into a rank file until ``gate`` exists: the test
+    """While ``gate`` exists, the worker waits after its first write into a rank file: the test
     looks at the store and the destination meanwhile, however slow the machine is."""
     return {HOLD_HOOK_ENV: str(gate)}
 ENV = {"STEPS": "200"}
@@ -69,9 +65,10 @@ def test_a_migration_through_the_store_uploads_while_the_worker_writes(tmp_path,
             cluster.client() as client:
         expected_lines, expected_result = run_plain(client, CODE, ENV)
 
-        gate = tmp_path / "write-may-end"
+        gate = tmp_path / "hold-the-write"
         job = client.submit(CODE, env={**ENV, **_held(gate)}, name="streamed-migration")
         wait_for_lines(job, 5)
+        gate.touch()
         there = "node-2" if _node_of(job) == "node-1" else "node-1"
         since = job.refresh().info.last_seq
         job.migrate(there, wait=False)
@@ -80,7 +77,7 @@ def test_a_migration_through_the_store_uploads_while_the_worker_writes(tmp_path,
         assert all(there in p.parts for p in prefetched), "only the destination prefetches"
         # the worker is still inside its write: nothing of this checkpoint has been reported yet
         assert not [e for e in job.events(since=since, follow=False) if e.type == EventType.CHECKPOINTED]
-        gate.touch()
+        gate.unlink()
         assert job.wait(180) == JobState.SUCCEEDED, job.info.error
         assert stdout_lines(job) == expected_lines and job.result() == expected_result
         moved = [e for e in job.events(follow=False) if e.type == EventType.MIGRATED]
@@ -91,14 +88,16 @@ def test_a_migration_through_the_store_uploads_while_the_worker_writes(tmp_path,
 
         # kill -9 the worker half-way through a streamed write: its part in the store is never
         # restored; the retry resumes from the checkpoint before, and the output stays exact
-        job = client.submit(CODE, env={**ENV, **HOOK}, name="killed-mid-stream")
+        job = client.submit(CODE, env={**ENV, **_held(gate)}, name="killed-mid-stream")
         wait_for_lines(job, 5)
         job.checkpoint(timeout=60)
         pid = next(int(p) for e in job.events(follow=False) if e.type == EventType.STARTED
                    for p in e.data["pids"].values())
+        gate.touch()
         job.act("checkpoint")
         _until_streamed(store, job)
         os.kill(pid, signal.SIGKILL)
+        gate.unlink()  # the retry's writes go through
         assert_retried_from_a_checkpoint(job, expected_lines, expected_result)
 
 

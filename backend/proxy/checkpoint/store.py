@@ -46,8 +46,8 @@ _COMMITTED = re.compile(r"^ckpt-(\d{8,})$")
 _STAGING = re.compile(r"^\.ckpt-(\d{8,})\.tmp$")
 #: Test hook: seconds to sleep half-way through writing a rank file (so a test can kill -9 us).
 SLEEP_HOOK_ENV = "SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE"
-#: Test hook: a file; half-way through writing a rank file, wait until it exists (at most
-#: `HOLD_LIMIT_S`), so a test can look at a write in flight however slow the machine is
+#: Test hook: a file; half-way through writing a rank file, wait while it exists (at most
+#: `HOLD_LIMIT_S`), so a test can look at a write in flight, or kill it, however slow the machine
 HOLD_HOOK_ENV = "SINGULARITY_PROXY_TEST_HOLD_IN_WRITE"
 HOLD_LIMIT_S = 120.0
 #: in a job's root: which place its ranks' parts meet in (`meeting_point`)
@@ -185,11 +185,11 @@ class RankFile:
         if self._sleep_s > 0:
             print(f"[proxy] test hook: sleeping {self._sleep_s}s inside a checkpoint write", file=sys.stderr, flush=True)
             time.sleep(self._sleep_s)
-        if self._hold:
-            print(f"[proxy] test hook: holding a checkpoint write until {self._hold} exists", file=sys.stderr,
+        if self._hold and os.path.exists(self._hold):
+            print(f"[proxy] test hook: holding a checkpoint write while {self._hold} exists", file=sys.stderr,
                   flush=True)
             end = time.monotonic() + HOLD_LIMIT_S
-            while not os.path.exists(self._hold) and time.monotonic() < end:
+            while os.path.exists(self._hold) and time.monotonic() < end:
                 time.sleep(0.01)
         self._sleep_s, self._hold = 0.0, None
 
