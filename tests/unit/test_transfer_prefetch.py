@@ -15,6 +15,7 @@ import pytest
 from backend.agent.prefetch import Prefetcher
 from backend.agent.transfer import CheckpointTransfer
 from backend.proxy.checkpoint.store import CheckpointStore
+from transfer_scenarios import write_twice_under_one_name
 
 MB = 1 << 20
 
@@ -88,24 +89,12 @@ def test_the_destination_copies_the_checkpoint_while_the_source_still_writes_it(
 def test_a_prefetched_copy_of_bytes_the_source_rewrote_is_fetched_again_whole(tmp_path):
     store, src, dst = _pair(tmp_path)
     ckpts = CheckpointStore(tmp_path / "src" / "job")
-    old, new = os.urandom(2 * MB), os.urandom(2 * MB)  # same size: only the digest tells
+    old, new = os.urandom(2 * MB), os.urandom(2 * MB)
     prefetch = Prefetcher(dst, "job", 1, poll_s=0.005).start()
     streamer = src.stream("job", 1).start()
-
-    def fails(f):
-        f.write(old)
-        f.flush()
-        _until(lambda: _size(_prefetched(tmp_path / "dst", 3)) == len(old), "the first try prefetched")
-        streamer._lock.acquire()  # the streamer sleeps through the retry: its copy stays the old bytes
-        raise RuntimeError("the write failed half-way")
-
     try:
-        with pytest.raises(RuntimeError):
-            ckpts.write(3, 0, 1, fails)
-        try:
-            ref = ckpts.write(3, 0, 1, lambda f: f.write(new))
-        finally:
-            streamer._lock.release()
+        ref = write_twice_under_one_name(ckpts, streamer, 3, old, new, _until,
+                                         lambda: _size(_prefetched(tmp_path / "dst", 3)) == len(old))
         src.upload("job", 1, ref.path)
     finally:
         streamer.stop()

@@ -19,6 +19,7 @@ import pytest
 from backend.agent.transfer import STREAMS, CheckpointTransfer, StaleAttempt
 from backend.proxy.checkpoint import digest
 from backend.proxy.checkpoint.store import SLEEP_HOOK_ENV, CheckpointStore
+from transfer_scenarios import write_twice_under_one_name
 
 MB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,23 +85,11 @@ def test_a_file_rewritten_under_the_same_name_is_uploaded_whole_not_from_the_str
     t = CheckpointTransfer(store.as_uri(), tmp_path / "src")
     t.fence("job", 1)
     ckpts = CheckpointStore(tmp_path / "src" / "job")
-    old, new = os.urandom(2 * MB), os.urandom(2 * MB)  # same size: only the file and the digest tell
+    old, new = os.urandom(2 * MB), os.urandom(2 * MB)
     streamer = t.stream("job", 1).start()
-
-    def fails(f):
-        f.write(old)
-        f.flush()
-        _until(lambda: _size(_streamed(store, 1, 3)) == len(old), "the first try streamed")
-        streamer._lock.acquire()  # the streamer sleeps through the retry: it still holds the old file
-        raise RuntimeError("the write failed half-way")
-
     try:
-        with pytest.raises(RuntimeError):
-            ckpts.write(3, 0, 1, fails)
-        try:
-            ref = ckpts.write(3, 0, 1, lambda f: f.write(new))
-        finally:
-            streamer._lock.release()
+        ref = write_twice_under_one_name(ckpts, streamer, 3, old, new, _until,
+                                         lambda: _size(_streamed(store, 1, 3)) == len(old))
         t.upload("job", 1, ref.path)
     finally:
         streamer.stop()
