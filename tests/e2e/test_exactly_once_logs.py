@@ -46,6 +46,15 @@ def _lines_after_checkpoint(evs, n: int):
     return started[-1].data["pids"]["0"] if len(after) >= n and started else None
 
 
+def _checkpointed_once(client):
+    """The printer, checkpointed once a few lines in: the only checkpoint, so however slow the
+    machine, the lines printed after it are the ones a kill leaves to print again."""
+    job = client.submit(PRINTER)
+    _wait_for(job, lambda evs: sum(len(e.lines) for e in evs) >= 3)
+    job.checkpoint(timeout=60)
+    return job
+
+
 @pytest.fixture()
 def cluster(tmp_path):
     with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "home", node_timeout=2.0) as c:
@@ -54,7 +63,7 @@ def cluster(tmp_path):
 
 def test_a_killed_worker_leaves_no_repeated_lines(cluster):
     with cluster.client() as c:
-        job = c.submit(PRINTER, checkpoint_every=0.5)
+        job = _checkpointed_once(c)
         pid = _wait_for(job, lambda evs: _lines_after_checkpoint(evs, 3))
         os.kill(pid, signal.SIGKILL)
         assert job.wait(120) == JobState.SUCCEEDED
@@ -67,7 +76,7 @@ def test_a_killed_worker_leaves_no_repeated_lines(cluster):
 
 def test_a_killed_agent_leaves_no_repeated_lines(cluster):
     with cluster.client() as c:
-        job = c.submit(PRINTER, checkpoint_every=0.5)
+        job = _checkpointed_once(c)
         _wait_for(job, lambda evs: _lines_after_checkpoint(evs, 3))
         node = job.refresh().placement[0].node
         os.killpg(cluster.agent_pids()[node], signal.SIGKILL)  # its workers die with it

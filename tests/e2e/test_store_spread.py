@@ -19,7 +19,7 @@ from backend.proxy.checkpoint.store import CheckpointStore
 from singularity_sdk import EventType, JobState, LocalCluster
 from singularity_sdk.errors import CheckpointFailed
 
-STEPS = 30
+STEPS = 60  # ~2 s: room for the preempt, resizes and a node loss to land before the end
 ENV = {"STEPS": str(STEPS)}
 
 
