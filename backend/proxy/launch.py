@@ -35,7 +35,8 @@ from backend.forkserver import ForkedProcess, ForkServer
 
 from .distributed.layout import RankLayout
 
-#: test hook "RANK:SECONDS:THEN": that rank alone asks for a checkpoint after SECONDS
+#: test hook "RANK:SECONDS:THEN": that rank alone asks for a checkpoint after SECONDS; with
+#: "@STEP" for SECONDS, at its first safe point of that step or later (however slow the machine)
 TEST_REQUEST_ENV = "SINGULARITY_TEST_REQUEST"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -181,7 +182,9 @@ def _run_engine(script: str, checkpoint_dir: Path, restore: bool) -> int:
         hook = os.environ.get(TEST_REQUEST_ENV, "")
         if hook:
             who, delay, then = hook.split(":")
-            if int(who) == rank:
+            if int(who) == rank and delay.startswith("@"):
+                run.controller.checkpoint_at_step(int(delay[1:]), then)  # type: ignore[union-attr]
+            elif int(who) == rank:
                 timer = threading.Timer(float(delay), run.controller.request_checkpoint,  # type: ignore[union-attr]
                                         kwargs={"then": then, "reason": "test"})
                 timer.daemon = True
