@@ -8,6 +8,7 @@ import time
 import pytest
 
 from exactness import assert_retried_from_a_checkpoint, preempt_and_resume, random_stops, run_interrupted, run_plain, source, stdout_lines, wait_for_lines
+from backend.proxy.checkpoint.store import HOLD_HOOK_ENV
 from singularity_sdk import CheckpointFailed, EventType, JobState
 from singularity_sdk.errors import Conflict
 
@@ -142,18 +143,25 @@ def test_preempt_and_resume_in_wrong_states_are_conflicts(client):
         job.resume()
 
 
-def test_worker_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(client, reference):
+def test_worker_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(client, reference, tmp_path):
     expected_lines, expected_result = reference("steady-long")
-    # every write sleeps half-way; the job runs on meanwhile (checkpoints are written behind it)
-    env = {"SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE": "1.5", **CASES["steady-long"][1]}
+    # while the gate exists, a write waits half-way; the job runs on meanwhile (checkpoints are
+    # written behind it)
+    gate = tmp_path / "hold-the-write"
+    env = {HOLD_HOOK_ENV: str(gate), **CASES["steady-long"][1]}
     job = client.submit(source("steady_rng.py"), env=env, name="killed-mid-write")
     wait_for_lines(job, 5)
-    job.checkpoint(timeout=60)  # a good one (slow, because of the hook)
+    job.checkpoint(timeout=60)  # a good one
     pid = next(int(p) for e in job.events(follow=False) if e.type == EventType.STARTED for p in e.data["pids"].values())
+    since = job.refresh().info.last_seq
+    gate.touch()
     job.act("checkpoint")
-    for ev in job.events(since=job.refresh().info.last_seq):
-        if ev.type == EventType.CHECKPOINT_STARTED:
+    for ev in job.events(since=since):  # half-way through writing the second checkpoint
+        if any("test hook: holding a checkpoint write" in line for line in ev.lines):
             break
-    time.sleep(0.5)
-    os.kill(pid, signal.SIGKILL)  # half-way through writing the second checkpoint
+    os.kill(pid, signal.SIGKILL)
+    gate.unlink()  # the retry's writes go through
     assert_retried_from_a_checkpoint(job, expected_lines, expected_result)
+    first = next(e.data["step"] for e in job.events(follow=False) if e.type == EventType.CHECKPOINTED)
+    retry = next(e.data for e in job.events(follow=False) if e.type == EventType.RETRYING)
+    assert retry["from_step"] == first, "the checkpoint held half-way was never restored"
