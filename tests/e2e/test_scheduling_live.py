@@ -13,8 +13,9 @@ STEADY = source("steady_rng.py")
 def test_premium_job_preempts_basic_work_which_resumes_exactly(tmp_path):
     with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "h", min_move_interval=2) as cluster, \
             cluster.client() as client:
-        expected_lines, expected_result = run_plain(client, STEADY)
-        basics = [client.submit(STEADY, sla="basic", name=f"basic-{i}") for i in range(2)]
+        env = {"STEPS": "150"}  # ~7 s: the basic jobs still run when the premium one comes
+        expected_lines, expected_result = run_plain(client, STEADY, env)
+        basics = [client.submit(STEADY, sla="basic", name=f"basic-{i}", env=env) for i in range(2)]
         for job in basics:
             wait_for_lines(job, 5)
         t0 = time.time()
