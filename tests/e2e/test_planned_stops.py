@@ -11,7 +11,7 @@ from pathlib import Path
 from singularity_sdk import EventType, JobState, LocalCluster
 
 PROGRAM = (Path(__file__).parent / "programs" / "steady_rng.py").read_text()
-STEPS = {"STEPS": "60"}
+STEPS = {"STEPS": "100"}  # ~5 s: the stop lands well before the end on a slow machine
 
 
 def _running_for(job, steps: int = 8, timeout: float = 90.0) -> None:
