@@ -4,6 +4,7 @@ re-applies the deterministic settings the program had set, refuses a process tha
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -86,3 +87,56 @@ def test_rewritten_library_versions_are_compared_on_restore_not_by_node_placemen
         "transformers 4.46.0 (checkpoint) vs not installed (here)"]
     # a node's fingerprint lists no libraries: the scheduler does not hold a job back for them
     assert fingerprint.matches(recorded, {"python": "3.11.0", "torch": None, "numpy": None, "device": "cpu"})
+
+
+class _FakeNvml:
+    """Where NVML ends and the machine begins (no GPU here): a driver that fails ``failures``
+    times with ``error`` before it answers."""
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_LibraryNotFound(NVMLError):
+        pass
+
+    def __init__(self, error: type, failures: int) -> None:
+        self.error, self.failures, self.inits = error, failures, 0
+
+    def nvmlInit(self) -> None:
+        self.inits += 1
+        if self.inits <= self.failures:
+            raise self.error()
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetName(self, handle: int) -> bytes:
+        return b"NVIDIA H200"
+
+
+@pytest.mark.parametrize("visible", [None, "0"])
+def test_the_device_model_is_asked_once_and_a_passing_nvml_failure_is_not_remembered(monkeypatch, visible):
+    """Every checkpoint records the device model (twice): NVML is asked once per process, but a
+    hiccup must not leave the job's checkpoints recorded as CPU ones, placeable on any node."""
+    monkeypatch.setattr(fingerprint, "_nvml_names", {})
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    nvml = _FakeNvml(_FakeNvml.NVMLError, failures=1)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    assert fingerprint.capture()["device"] == "cpu"  # the hiccup
+    assert [fingerprint.capture()["device"] for _ in range(3)] == ["NVIDIA H200"] * 3
+    assert nvml.inits == 2
+
+
+def test_a_machine_without_an_nvidia_driver_is_asked_once(monkeypatch):
+    monkeypatch.setattr(fingerprint, "_nvml_names", {})
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml = _FakeNvml(_FakeNvml.NVMLError_LibraryNotFound, failures=10)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    assert [fingerprint.capture()["device"] for _ in range(3)] == ["cpu"] * 3
+    assert nvml.inits == 1

@@ -84,18 +84,40 @@ def _visible_gpu_name() -> Optional[str]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and not visible.strip():
         return None
+    return _nvml_gpu_name(visible)
+
+
+#: visible devices -> their first one's model, or None where this machine has no NVML at all
+_nvml_names: dict[Optional[str], Optional[str]] = {}
+
+
+def _nvml_gpu_name(visible: Optional[str]) -> Optional[str]:
+    """The model of the first of ``visible`` through NVML. Remembered: every checkpoint asks,
+    twice (its event and its graph), and an NVML init and shutdown (or, without a GPU, a failed
+    search for the library) each time cost the safe point up to milliseconds for an answer that
+    does not change while the process lives. A failure that may pass is not remembered: a
+    checkpoint must never be recorded as a CPU one because NVML hiccuped once."""
+    if visible in _nvml_names:
+        return _nvml_names[visible]
     try:
         import pynvml  # type: ignore[import-not-found]
-
+    except ImportError:
+        _nvml_names[visible] = None
+        return None
+    try:
         pynvml.nvmlInit()
-    except Exception:
+    except Exception as exc:
+        missing = getattr(pynvml, "NVMLError_LibraryNotFound", None)
+        if missing is not None and isinstance(exc, missing):  # no GPU driver on this machine
+            _nvml_names[visible] = None
         return None
     try:
         first = (visible or "0").split(",")[0].strip()
         handle = (pynvml.nvmlDeviceGetHandleByUUID(first) if not first.isdigit()
                   else pynvml.nvmlDeviceGetHandleByIndex(int(first)))
         name = pynvml.nvmlDeviceGetName(handle)
-        return name.decode() if isinstance(name, bytes) else str(name)
+        _nvml_names[visible] = name.decode() if isinstance(name, bytes) else str(name)
+        return _nvml_names[visible]
     except Exception:
         return None
     finally:
