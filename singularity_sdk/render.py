@@ -46,8 +46,8 @@ def describe(ev: Event) -> str:
     if t == EventType.SCHEDULED:
         return f"scheduled on {_where(p.placement)} (attempt {p.attempt}; {p.reason})"
     if t == EventType.STARTED:
-        fetched = "" if p.fetch_s is None else \
-            f"; checkpoint fetched in {_secs(p.fetch_s)}, {_size(p.prefetched_bytes or 0)} of it while it was written"
+        early = f", {_size(p.prefetched_bytes)} of it while it was written" if p.prefetched_bytes else ""
+        fetched = "" if p.fetch_s is None else f"; checkpoint fetched in {_secs(p.fetch_s)}{early}"
         return f"started on {p.node}: ranks {p.ranks}, pids {list(p.pids.values())}{fetched}"
     if t == EventType.LOG:
         where = f"log[{p.rank}{'' if p.stream == 'stdout' else ' ' + p.stream}]"
