@@ -71,7 +71,7 @@ dist.destroy_process_group()
 '''
 
 TRAIN_SCRIPT = r'''
-import hashlib, os, time
+import glob, hashlib, os, time
 import torch, torch.distributed as dist, torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -85,6 +85,12 @@ g = torch.Generator().manual_seed(100 + rank)
 losses = []
 for step in range(60):
     if os.environ.get("TEST_CRASH") == f"{rank}:{step}":  # read each time: not part of the state
+        # once the checkpoint asked for has committed (its writes run behind the loop): the
+        # crash must find it there however slow the machine
+        committed = os.path.join(os.environ.get("TEST_CRASH_AFTER", "."), "ckpt-*", "manifest.json")
+        deadline = time.time() + 60
+        while os.environ.get("TEST_CRASH_AFTER") and not glob.glob(committed) and time.time() < deadline:
+            time.sleep(0.01)
         os._exit(9)
     x = torch.randn(8, 16, generator=g)
     loss = ddp(x).pow(2).mean()
@@ -148,7 +154,7 @@ def run_job(script: Path, placement: str, ckpt: Path, restore: bool = False, req
     if request:
         env["SINGULARITY_TEST_REQUEST"] = request
     if crash:
-        env["TEST_CRASH"] = crash
+        env["TEST_CRASH"], env["TEST_CRASH_AFTER"] = crash, str(ckpt)
     return launch(script, RankLayout.parse(placement), env=env, warm=shared_warm_server(), timeout=90,
                   launcher_args=["--checkpoint-dir", str(ckpt)] + (["--restore"] if restore else []))
 
