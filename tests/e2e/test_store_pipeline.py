@@ -17,10 +17,6 @@ import pytest
 from singularity_sdk import CheckpointFailed, EventType, JobState, LocalCluster
 from singularity_sdk.render import describe
 
-def _held(gate: Path) -> dict[str, str]:
-    """While ``gate`` exists, the worker waits after its first write into a rank file: the test
-    looks at the store and the destination meanwhile, however slow the machine is."""
-    return {HOLD_HOOK_ENV: str(gate)}
 ENV = {"STEPS": "200"}
 #: a few MB of state, so the rank file is more than a header
 CODE = "import os\nballast = os.urandom(4 << 20)\n" + source("steady_rng.py")
@@ -65,8 +61,10 @@ def test_a_migration_through_the_store_uploads_while_the_worker_writes(tmp_path,
             cluster.client() as client:
         expected_lines, expected_result = run_plain(client, CODE, ENV)
 
+        # while the gate exists, the worker waits after its first write into a rank file: the test
+        # looks at the store and the destination meanwhile, however slow the machine is
         gate = tmp_path / "hold-the-write"
-        job = client.submit(CODE, env={**ENV, **_held(gate)}, name="streamed-migration")
+        job = client.submit(CODE, env={**ENV, HOLD_HOOK_ENV: str(gate)}, name="streamed-migration")
         wait_for_lines(job, 5)
         gate.touch()
         there = "node-2" if _node_of(job) == "node-1" else "node-1"
@@ -88,7 +86,7 @@ def test_a_migration_through_the_store_uploads_while_the_worker_writes(tmp_path,
 
         # kill -9 the worker half-way through a streamed write: its part in the store is never
         # restored; the retry resumes from the checkpoint before, and the output stays exact
-        job = client.submit(CODE, env={**ENV, **_held(gate)}, name="killed-mid-stream")
+        job = client.submit(CODE, env={**ENV, HOLD_HOOK_ENV: str(gate)}, name="killed-mid-stream")
         wait_for_lines(job, 5)
         job.checkpoint(timeout=60)
         pid = next(int(p) for e in job.events(follow=False) if e.type == EventType.STARTED
