@@ -47,7 +47,7 @@ import time
 import types
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import cloudpickle
 
@@ -133,12 +133,37 @@ class ClosedFile:
         return f"<closed file {self.name!r} mode={self.mode!r}>"
 
 
+#: types whose every instance the rules of `ProxyPickler.reducer_override` leave to plain pickling:
+#: the rules ask a dozen questions of an object, and a checkpoint meets the same few types (loggers,
+#: handlers, modules, their dicts) thousands of times, so each type is asked once a process
+_PLAIN_TYPES: set[type] = set()
+
+
+def _decided_by_type(obj: Any, t: type) -> bool:
+    """Whether the rules' answer for ``obj`` (plain pickling) holds for every instance of ``t``:
+    all of them but these look at the type alone."""
+    torch_types = lazy.torch_types()
+    return not issubclass(t, type) and t is not types.FunctionType \
+        and not isinstance(obj, io.IOBase) and t.__name__ != "memmap" \
+        and not (torch_types is not None and isinstance(obj, torch_types.tensor)) \
+        and type(getattr(t, "_shared_state", None)) is not dict
+
+
 class ProxyPickler(cloudpickle.Pickler):
     """cloudpickle, plus the namespace-aware rules described in the module docstring."""
 
     def reducer_override(self, obj: Any) -> Any:
-        ns, own = _SAVE_NS.get() or (None, False)
         t = type(obj)
+        if t in _PLAIN_TYPES:
+            return NotImplemented
+        reduced = self._reduce(obj, t)
+        if reduced is NotImplemented and _decided_by_type(obj, t):
+            _PLAIN_TYPES.add(t)
+        return reduced
+
+    def _reduce(self, obj: Any, t: type) -> Any:
+        """The rules; a rule that looks at more than the type must be excepted in `_decided_by_type`."""
+        ns, own = _SAVE_NS.get() or (None, False)
         if t is types.FunctionType and ns is not None and obj.__globals__ is ns \
                 and (own or not _should_pickle_by_reference(obj)):
             closure = None if obj.__closure__ is None else tuple(
@@ -490,8 +515,10 @@ def _write_checkpoint(rt: RuntimeView, boundary: Optional[int], label: int,
 
     if loop_failures:
         raise _failure(loop_failures, plan())
-    for _attempt in range(2):
-        graph = _graph(rt, position, namespace, saved_locals, rebuild)
+    probing = not _SETTINGS_SAVED["so_far"]
+    assumed: Optional[dict] = None  # the graph built without probes, when its save failed
+    for _attempt in range(3):
+        graph = _graph(rt, position, namespace, saved_locals, rebuild, probe if probing else _assume_saves)
         written: dict[str, Any] = {}
 
         def writer(f: "RankFile") -> None:
@@ -502,16 +529,26 @@ def _write_checkpoint(rt: RuntimeView, boundary: Optional[int], label: int,
             if snapshot:
                 snap = background.Snapshot()
                 save_graph(graph, snap)
-                return snap, snap.bytes, sorted(rebuild)
-            ref = ctl.store.write(label, ctl.rank, ctl.world_size, writer)
-            return ref, int(written["bytes"]), sorted(rebuild)
-        except _PICKLE_ERRORS as e:
+                result: tuple[Any, int, list[str]] = (snap, snap.bytes, sorted(rebuild))
+            else:
+                ref = ctl.store.write(label, ctl.rank, ctl.world_size, writer)
+                result = (ref, int(written["bytes"]), sorted(rebuild))
+        except Exception as e:
+            if not probing:  # perhaps a setting or a module global that does not save: probe them
+                probing, assumed = True, graph
+                continue
+            if not isinstance(e, _PICKLE_ERRORS):
+                raise
             before = dict(rebuild)
             stuck = plan()
             if stuck:
                 raise _failure([], stuck) from e
             if rebuild == before:
                 raise CheckpointFailure(f"cannot save the program state: {type(e).__name__}: {e}") from e
+            continue
+        if assumed is not None:  # probe the settings from now on only if the probes left something out
+            _SETTINGS_SAVED["so_far"] = _settings_kept(assumed) == _settings_kept(graph)
+        return result
     raise CheckpointFailure("cannot save the program state even after excluding the rebuildable variables")
 
 
@@ -533,8 +570,27 @@ def _without(d: Optional[dict], names: dict) -> dict:
     return {k: v for k, v in (d or {}).items() if k not in names}
 
 
+#: whether every logging handler and job-module global has pickled at each checkpoint of this
+#: process so far: while so, they are saved without a probe each (the probes cost ~4 ms a safe
+#: point with torch's ~40 handlers, as much as the save itself); the save pickle checks them anyway
+_SETTINGS_SAVED = {"so_far": True}
+
+
+def _assume_saves(obj: Any) -> Optional[str]:
+    """The probe while `_SETTINGS_SAVED`: everything saves (a failing save retries with `probe`)."""
+    return None
+
+
+def _settings_kept(graph: dict) -> tuple:
+    """What the probes of `_graph`'s settings decide: the module globals and the loggers whose
+    handlers are saved."""
+    return ({module: sorted(values) for module, values in graph["modules"].items()},
+            sorted(name for name, conf in graph["process"]["logging"]["loggers"].items()
+                   if conf["handlers"] is not None))
+
+
 def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals: Optional[dict],
-           rebuild: dict[str, int]) -> dict:
+           rebuild: dict[str, int], probe_setting: Callable[[Any], Optional[str]]) -> dict:
     by_statement: dict[int, list[str]] = {}
     for name, index in rebuild.items():
         by_statement.setdefault(index, []).append(name)
@@ -548,11 +604,11 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         "process_group": libraries.ProcessGroupMarker.now(),
         "folder": context.carried_folder(),  # before any open file: the load rolls the folder back first
         "import_path": context.import_path(),  # before anything pickled by reference: its module may need it
-        "process": process_settings.capture(probe),  # default dtype, print options, logging...: put back on restore
+        "process": process_settings.capture(probe_setting),  # default dtype, print options, logging...: put back on restore
         "position": position,
         "namespace": namespace if in_locals else _without(namespace, rebuild),
         "locals": _without(saved_locals, rebuild) if in_locals else None,
-        "modules": module_state.capture(_job_folders(rt), probe),  # config.lr = args.lr: set again on restore
+        "modules": module_state.capture(_job_folders(rt), probe_setting),  # config.lr = args.lr: set again on restore
         "rng": rng.capture(full=True),
         "context": context.capture(),  # argv, cwd, env changes: redone by program.run on restore
         "rebuild": [{"index": i, "names": sorted(n)} for i, n in sorted(by_statement.items())],
