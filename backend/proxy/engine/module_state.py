@@ -30,9 +30,9 @@ from .rewrite import PREFIX
 
 _warned: set[tuple[str, str]] = set()
 _decided: dict[tuple[str, int, tuple[str, ...]], bool] = {}
-#: the last answer of `job_modules`, with the modules it was read from: a checkpoint's scan of the
-#: ~1,000 modules torch brings costs ~1.3 ms, comparing the two dicts ~20 µs
-_last_answer: dict[tuple[str, ...], tuple[dict[str, types.ModuleType], dict[str, types.ModuleType]]] = {}
+#: the last answer of `job_modules` (folders, the modules it was read from, the answer): a
+#: checkpoint's scan of the ~1,000 modules torch brings costs ~1.3 ms, comparing the two dicts ~20 µs
+_last_answer: list[Any] = [None, None, None]
 #: the modules this process had before the program began (or its restore): not the job's
 _start: dict[str, Any] = {"pid": None, "modules": frozenset()}
 
@@ -42,7 +42,7 @@ def begin() -> None:
     (the worker's, a test runner's), not the job's."""
     _start["pid"] = os.getpid()
     _start["modules"] = frozenset(sys.modules)
-    _last_answer.clear()
+    _last_answer[:] = [None, None, None]
 
 
 def job_modules(folders: Iterable[str]) -> dict[str, types.ModuleType]:
@@ -53,9 +53,9 @@ def job_modules(folders: Iterable[str]) -> dict[str, types.ModuleType]:
         begin()
     if not real:
         return {}
-    last = _last_answer.get(tuple(real))
-    if last is not None and last[0] == sys.modules:  # nothing imported or replaced since: the same answer
-        return dict(last[1])
+    folders_then, modules_then, answer = _last_answer
+    if folders_then == real and modules_then == sys.modules:  # nothing imported or replaced since
+        return dict(answer)
     out = {}
     hosts = _start["modules"]
     main = sys.modules.get("__main__")
@@ -74,8 +74,7 @@ def job_modules(folders: Iterable[str]) -> dict[str, types.ModuleType]:
                 and not _installed(path, real) and in_job_folder(os.path.realpath(path), real)
         if mine:
             out[name] = module
-    _last_answer.clear()
-    _last_answer[tuple(real)] = (dict(sys.modules), out)
+    _last_answer[:] = [real, dict(sys.modules), out]
     return dict(out)
 
 
