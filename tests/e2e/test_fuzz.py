@@ -91,6 +91,15 @@ def test_hostile_requests_and_agent_messages_change_nothing(tmp_path):
                                          additional_headers={"Authorization": f"Bearer {node_token}"}))
         ws.send(json.dumps({"type": "hello", "node": "fuzz-node", "instance": "fuzz", "devices": []}))
         assert json.loads(ws.recv(timeout=30))["type"] == "welcome"
+        # A live agent beats every second; one silent for the server's node timeout is closed
+        # (4408), which a slow machine reached during the HTTP fuzzing. Beat as an agent does.
+        beat_at = [time.monotonic()]
+
+        def beat() -> None:
+            if time.monotonic() - beat_at[0] >= 1.0:
+                ws.send(json.dumps({"type": "heartbeat", "time": time.time()}))
+                beat_at[0] = time.monotonic()
+
         before = _snapshot(cluster, [done.id, running.id])
         # the running job's log grows while we fuzz; compare its events up to now only
         cut = before[1][running.id][-1][0]
@@ -99,6 +108,7 @@ def test_hostile_requests_and_agent_messages_change_nothing(tmp_path):
         ids = [done.id, running.id, "j-000000", "j-" + "a" * 300, "..%2f..%2fetc", "%00"]
         statuses: dict[int, int] = {}
         for i in range(REQUESTS):
+            beat()
             token = rng.choice(tokens)
             headers = {"Authorization": f"Bearer {token}"} if token else {}
             jid = rng.choice(ids)
@@ -118,6 +128,7 @@ def test_hostile_requests_and_agent_messages_change_nothing(tmp_path):
             assert "Traceback" not in r.text and "internal error:" not in r.text
 
         for i in range(AGENT_MESSAGES):
+            beat()
             kind = rng.randrange(6)
             if kind == 0:
                 msg = _nasty_body(rng).decode("utf-8", "replace")
