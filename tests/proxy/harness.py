@@ -10,7 +10,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -113,6 +113,22 @@ def trace_of(launcher: Launcher, target: list[str], tmp: Path, env: Optional[dic
     run = launcher.run(target + ["--checkpoint-dir", str(tmp / "ck-base"), "--trace", str(trace)], env)
     assert run.rc == 0, run.describe()
     return run, [json.loads(line) for line in trace.read_text().splitlines()]
+
+
+_UNINTERRUPTED: dict[tuple, tuple[str, list[dict]]] = {}
+
+
+def uninterrupted(launcher: Launcher, key: str, target: list[str], tmp: Path,
+                  check: Optional[Callable[[str], None]] = None) -> tuple[str, list[dict]]:
+    """What `trace_of` prints and traces, run once per ``key`` in a test process: the tests that
+    stop one program at several seeds' stops share its uninterrupted run (it does not depend on
+    where a chain will stop). ``check`` is asked once about the stdout (e.g. against plain python)."""
+    if key not in _UNINTERRUPTED:
+        run, trace = trace_of(launcher, target, tmp)
+        if check is not None:
+            check(run.stdout)
+        _UNINTERRUPTED[key] = (run.stdout, trace)
+    return _UNINTERRUPTED[key]
 
 
 def pick_stops(trace: list[dict], seed: int, extra: int) -> list[int]:

@@ -14,7 +14,7 @@ import pytest
 
 from backend.proxy import CheckpointStore, Controller, Preempted, ResumableProgram
 from backend.proxy.engine.analysis import not_rewritable
-from harness import PYTHON, ROOT, SCRIPTS, pick_stops, run_chain, trace_of
+from harness import PYTHON, ROOT, SCRIPTS, pick_stops, run_chain, uninterrupted
 
 FUNCTIONS = SCRIPTS / "functions"
 
@@ -29,14 +29,17 @@ def _plain(script: str) -> str:
 def _check(launcher, name: str, tmp_path, seed: int, extra: int = 3) -> tuple[list[dict], list[int]]:
     """Plain python == uninterrupted engine run == the run stopped and restored at seeded stops."""
     script = str(FUNCTIONS / name)
-    base, trace = trace_of(launcher, [script], tmp_path)
-    assert base.stdout == _plain(script)
+
+    def like_plain_python(stdout: str) -> None:
+        assert stdout == _plain(script)
+
+    expected, trace = uninterrupted(launcher, name, [script], tmp_path, like_plain_python)
     stops = pick_stops(trace, seed, extra)
     by_step = {t["step"]: t for t in trace}
     inside = [s for s in stops if by_step[s].get("functions")]
     assert len(inside) >= 3, f"want stops inside functions, got {stops}"
     out, _ = run_chain(launcher, [script], stops, tmp_path / "ck")
-    assert out == base.stdout, f"stops {stops}"
+    assert out == expected, f"stops {stops}"
     return trace, stops
 
 

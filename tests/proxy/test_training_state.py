@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from backend.proxy import CheckpointStore, Controller, Preempted, ResumableProgram
-from harness import Launcher, pick_stops, run_chain, trace_of
+from harness import Launcher, pick_stops, run_chain, uninterrupted
 
 SEEDS = (11, 23, 37)
 
@@ -314,10 +314,10 @@ def _chain(launcher: Launcher, src: str, tmp_path, seed: int) -> None:
     tmp_path.mkdir(parents=True, exist_ok=True)
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(src))
-    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    expected, trace = uninterrupted(launcher, src, [str(script)], tmp_path)
     stops = pick_stops(trace, seed, extra=2)
     out, _ = run_chain(launcher, [str(script)], stops, tmp_path / f"ck-{seed}")
-    assert out == base.stdout, f"seed {seed}, stops {stops}"
+    assert out == expected, f"seed {seed}, stops {stops}"
 
 
 @pytest.mark.parametrize("seed", SEEDS)
