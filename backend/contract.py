@@ -55,6 +55,19 @@ ENV_AGENT_LEASE = "SINGULARITY_AGENT_LEASE"
 #: way to compare the two, or to rule the background writer out when a checkpoint misbehaves)
 ENV_WRITE_IN_LINE = "SINGULARITY_WRITE_IN_LINE"
 #: the agent writes this request to every worker's stdin each AGENT_PING_S seconds
+#: The order of a set (or frozenset) of strings follows their hashes, and CPython salts those
+#: at random per interpreter unless this is set: a job restored in a new process would then
+#: iterate its sets in another order. Every process the engine starts gets the same salt.
+ENV_HASH_SEED = "PYTHONHASHSEED"
+HASH_SEED = "0"
+
+
+def with_hash_seed(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with a fixed ``PYTHONHASHSEED`` where it names none (a job's own choice stays;
+    an empty value, which python reads as unset, is replaced)."""
+    return {**env, ENV_HASH_SEED: env.get(ENV_HASH_SEED) or HASH_SEED}
+
+
 OP_ALIVE = "alive"
 AGENT_PING_S = 1.0
 

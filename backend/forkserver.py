@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from backend import namespaces
-from backend.contract import ENV_CONTROL_FD, ENV_SANDBOXED
+from backend.contract import ENV_CONTROL_FD, ENV_HASH_SEED, ENV_SANDBOXED, with_hash_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTROL_FD = 3  # where a child finds its control pipe (SINGULARITY_CONTROL_FD)
@@ -132,8 +132,11 @@ def _child(request: dict[str, Any], fds: list[int], sock_fd: int) -> None:
         os.chdir(request["cwd"])
         if request.get("umask") is not None:
             os.umask(request["umask"])  # the job's, not the service's 077
+        salt = os.environ.get(ENV_HASH_SEED)
         os.environ.clear()
         os.environ.update(request["env"])
+        if salt is not None:  # the child hashes strings with the server's salt, whatever it was asked
+            os.environ[ENV_HASH_SEED] = salt
         if len(fds) > CONTROL_FD:
             os.environ[ENV_CONTROL_FD] = str(CONTROL_FD)
         sys.stdin = open(0, "r", closefd=False)
@@ -263,7 +266,9 @@ def server_process(targets: Sequence[str], env: Optional[dict[str, str]] = None,
     mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
     # The server computes nothing, and must not initialise CUDA (fork would break it in the
     # children): torch's availability checks then ask NVML instead of the CUDA runtime.
-    server_env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    # Forked children share the server's string-hash salt: a fixed one, the same on every node.
+    server_env = {**with_hash_seed(dict(os.environ if env is None else env)), "OMP_NUM_THREADS": "1",
+                  "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
     command = [sys.executable, "-m", "backend.forkserver", str(theirs.fileno()),
                *(["--die-with-parent"] if with_parent else []), *targets]
     return mine, theirs, command, server_env

@@ -106,6 +106,7 @@ class JobRun:
         gpus = [d for d in devs if d.kind == "cuda"]
         env = {k: v for k, v in os.environ.items() if k not in sandbox.SECRET_ENV}
         env.update(spec.env)
+        env = contract.with_hash_seed(env)  # a fresh interpreter salts its string hashes as a fork would
         # A fixed thread count per slot: float results must not depend on the node's core count.
         threads = str(self.threads_per_slot * max(1, len(devs)))
         env.update({

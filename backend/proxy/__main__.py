@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import traceback
@@ -18,14 +19,15 @@ import types
 from pathlib import Path
 from typing import Optional
 
-from backend.contract import EXIT_PREEMPTED
+from backend.contract import ENV_HASH_SEED, EXIT_PREEMPTED, with_hash_seed
 
 from .launch import say
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m backend.proxy", description=__doc__.split("\n\n")[0])
     p.add_argument("script", help="a Python file, or with --callable a cloudpickle of (fn, args, kwargs)")
-    p.add_argument("--checkpoint-dir", required=True, type=Path)
+    p.add_argument("--checkpoint-dir", required=True, type=lambda s: Path(s).resolve(),
+                   help="where checkpoints go (relative to where you run this, even if the script changes folder)")
     p.add_argument("--restore", action="store_true", help="continue from the newest valid checkpoint")
     stop = p.add_mutually_exclusive_group()
     stop.add_argument("--stop-at-step", type=int, metavar="N", help="checkpoint and exit at safe point N")
@@ -136,4 +138,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    if not os.environ.get(ENV_HASH_SEED):
+        # a fixed string-hash salt, so that a restore (a new process) iterates sets as this run does
+        os.execve(sys.executable, [sys.executable, "-m", "backend.proxy", *sys.argv[1:]],
+                  with_hash_seed(dict(os.environ)))
     sys.exit(main())

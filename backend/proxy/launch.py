@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from backend.contract import ENV_CPUS, ENV_PLACEMENT, ENV_THREADS, EXIT_PREEMPTED
+from backend.contract import ENV_CPUS, ENV_PLACEMENT, ENV_THREADS, EXIT_PREEMPTED, with_hash_seed
 from backend.forkserver import ForkedProcess, ForkServer
 
 from .distributed.layout import RankLayout
@@ -130,7 +130,7 @@ def launch(script: Path, placement: RankLayout, args: Sequence[str] = (), env: O
     tmp = tempfile.TemporaryDirectory(prefix="sg-ranks-")
     cores = slot_cpus(placement, cpus_per_slot) if cpus_per_slot else None
     for rank in range(placement.world_size):
-        full = dict(os.environ)
+        full = with_hash_seed(dict(os.environ))
         full["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), full.get("PYTHONPATH", "")) if p)
         full.update(extra)
         full.update(rank_env(rank, placement, port, threads=threads,

@@ -138,6 +138,12 @@ def settings() -> dict[str, Any]:
             "threads": int(torch.get_num_threads())}
 
 
+def str_hash() -> int:
+    """A string's hash: it tells whether two processes salt string hashes alike (PYTHONHASHSEED),
+    i.e. whether a set of strings iterates in the same order in both."""
+    return hash("singularity: the order of a set of strings")
+
+
 def capture(libraries: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """The running job's fingerprint, for its checkpoint. A library the job never imported is
     recorded as None: its version cannot matter to the result. ``libraries``: the distributions
@@ -150,6 +156,7 @@ def capture(libraries: Optional[dict[str, str]] = None) -> dict[str, Any]:
             fp[lib] = None
     fp["settings"] = settings()
     fp["libraries"] = dict(libraries or {})
+    fp["str_hash"] = str_hash()
     fp["engine"] = _installed(ENGINE_DIST)  # who wrote it, for a refusal's message
     return fp
 
@@ -177,6 +184,11 @@ def differences(recorded: Optional[dict[str, Any]], current: dict[str, Any]) -> 
         want = (recorded or {}).get(key)
         if want is not None and current.get(key) != want:
             out.append(f"{key} {want} (checkpoint) vs {current.get(key)} (here)")
+    want_hash, have_hash = (recorded or {}).get("str_hash"), current.get("str_hash")
+    if want_hash is not None and have_hash is not None and want_hash != have_hash:  # a restore's check only
+        out.append(f"string hashing (PYTHONHASHSEED {os.environ.get('PYTHONHASHSEED', 'unset: random')} here): "
+                   f"a set of strings would iterate in another order; run with the PYTHONHASHSEED the "
+                   f"checkpointed process had (the engine's own processes use 0)")
     if "libraries" in current:  # a node's fingerprint does not list them: only a restore compares
         for dist, want in ((recorded or {}).get("libraries") or {}).items():
             have = current["libraries"].get(dist)
@@ -197,6 +209,7 @@ def check_restore(recorded: Optional[dict[str, Any]], where: str) -> None:
 
     current = here()
     wanted = (recorded or {}).get("libraries") or {}
+    current["str_hash"] = str_hash()
     current["libraries"] = {**{dist: _installed(dist) for dist in wanted}, **_override(("libraries",)).get("libraries", {})}
     diff = differences(recorded, current)
     if diff:

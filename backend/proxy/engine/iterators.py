@@ -109,13 +109,46 @@ def make_node(index: int, fn: Any, children: tuple, kwargs: dict) -> Any:
 
 
 # --------------------------------------------------------------------------- loop start
-def loader_generators(loader: DataLoader) -> list[torch.Generator]:
-    gens: list[torch.Generator] = []
-    for holder in (loader, loader.sampler, getattr(loader.batch_sampler, "sampler", None), loader.batch_sampler):
-        g = getattr(holder, "generator", None)
-        if lazy.is_torch_generator(g) and all(g is not x for x in gens):
-            gens.append(g)
-    return gens
+def loader_generators(loader: DataLoader) -> list[Any]:
+    """The generator objects a loader's ``iter()`` may draw from: its own, its sampler's and its
+    batch sampler's (``generator=`` or any attribute of a custom sampler, e.g. ``self.rng``)."""
+    return _generators_of([loader, loader.sampler, getattr(loader.batch_sampler, "sampler", None),
+                           loader.batch_sampler])
+
+
+def held_generators(value: Any) -> list[Any]:
+    """The generator objects (`rng.is_generator_object`) that iterating ``value`` may draw from,
+    beyond the global ones: a DataLoader's (`loader_generators`); for a Python generator, those
+    in its frame and in the module globals its code names (``rng = np.random.default_rng(0)``
+    beside ``def batches(): ... rng.permutation(n)``); for another object, its attributes'."""
+    if lazy.is_dataloader(value):
+        return loader_generators(value)
+    frame = getattr(value, "gi_frame", None)
+    if isinstance(value, types.GeneratorType) and frame is not None:
+        names: set[str] = set()
+        codes = [value.gi_code]
+        while codes:
+            code = codes.pop()
+            names.update(code.co_names)
+            codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        found = list(frame.f_locals.values()) + [frame.f_globals[n] for n in names if n in frame.f_globals]
+        return _generators_of(found, holders=False) + _generators_of(found)
+    return _generators_of([value])
+
+
+def _generators_of(objs: Sequence[Any], holders: bool = True) -> list[Any]:
+    """Generator objects among ``objs`` (``holders=False``) or among their attributes (one level)."""
+    out: list[Any] = []
+    for obj in objs:
+        if holders:
+            attrs = getattr(obj, "__dict__", None)
+            candidates = list(attrs.values()) if isinstance(attrs, dict) else []
+        else:
+            candidates = [obj]
+        for g in candidates:
+            if rng.is_generator_object(g) and all(g is not x for x in out):
+                out.append(g)
+    return out
 
 
 def classify(leaf: Leaf) -> str:
@@ -162,7 +195,7 @@ class LoopSource:
     __slots__ = ("tree", "iterator", "rng", "generators")
 
     def __init__(self, tree: Any, iterator: Iterator[Any], rng_state: Optional[dict],
-                 generators: list[tuple[torch.Generator, torch.Tensor]]) -> None:
+                 generators: list[tuple[Any, Any]]) -> None:
         self.tree = tree
         self.iterator = iterator
         self.rng = rng_state
@@ -175,10 +208,11 @@ class LoopSource:
         leaves = leaves_of(tree)
         need = {classify(leaf) for leaf in leaves}
         snapshot = rng.capture(full="full" in need) if need - {""} else None
-        gens: list[tuple[torch.Generator, torch.Tensor]] = []
+        gens: list[tuple[Any, Any]] = []
         for leaf in leaves:
-            if leaf.kind == "dataloader":
-                gens.extend((g, g.get_state()) for g in loader_generators(leaf.value))
+            if leaf.kind != "seq" and not lazy.is_rng_free_generator(leaf.value):
+                gens.extend((g, rng.object_state(g)) for g in held_generators(leaf.value)
+                            if all(g is not h for h, _ in gens))
         return cls(tree, _build(tree), snapshot, gens)
 
 
@@ -244,20 +278,25 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
 
 
 # --------------------------------------------------------------------------- restore time
-def _skip(it: Iterator[Any], k: int, check_rng: bool, what: str, line: int) -> None:
-    """Advance ``it`` by k items; with ``check_rng`` refuse replays whose items drew RNG."""
+def _skip(it: Iterator[Any], k: int, check_rng: bool, what: str, line: int,
+          watched: Sequence[Any] = (), moved: Optional[list] = None) -> None:
+    """Advance ``it`` by k items; with ``check_rng`` refuse replays whose items drew RNG. The
+    generator objects of ``watched`` that items after the first drew from are added to ``moved``."""
     if k <= 0:
         return
     try:
         next(it)
-        if not check_rng or k == 1:
+        if k == 1 or not (check_rng or watched):
             collections.deque(itertools.islice(it, k - 1), maxlen=0)
             return
-        before = rng.capture(full=True)
+        before = rng.capture(full=True) if check_rng else None
+        objects_before = [rng.object_state(g) for g in watched]
         collections.deque(itertools.islice(it, k - 1), maxlen=0)
     except StopIteration:
         return
-    if not rng.equal(before, rng.capture(full=True)):
+    if moved is not None:
+        moved.extend(g for g, s in zip(watched, objects_before) if not rng.same_state(s, rng.object_state(g)))
+    if before is not None and not rng.equal(before, rng.capture(full=True)):
         raise CheckpointError(
             f"cannot resume the loop at line {line} exactly: re-creating `{what}` and skipping its "
             f"first {k} items drew random numbers after the first item, so those draws were "
@@ -290,11 +329,15 @@ def advance_loader_iterator(it: Iterator[Any], loader: DataLoader, mode: str, k:
 def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
             leaf_texts: Sequence[str], line: int) -> Iterator[Any]:
     """Re-create the iterator described by `describe` positioned after ``k`` items."""
-    saved_gen_states = [(g, g.get_state()) for g, _ in desc["generators"]]
+    # The generator objects are the checkpoint's (restored with the program's variables): put
+    # them back as they were when the loop began for the replay, then as the checkpoint has them.
+    watched = [g for g, _ in desc["generators"]]
+    saved_gen_states = [(g, rng.object_state(g)) for g in watched]
+    moved: list[Any] = []
     if desc["rng"] is not None:
         rng.apply(desc["rng"])
     for g, state in desc["generators"]:
-        g.set_state(state)
+        rng.set_object_state(g, state)
 
     def text_of(state: dict) -> str:
         i = state["index"]
@@ -326,15 +369,27 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
             if maker is None:
                 raise CheckpointError(f"the loop at line {line} cannot re-create `{text_of(state)}`")
             it = iter(maker())
-            _skip(it, k, check_rng=True, what=text_of(state), line=line)
+            _skip(it, k, check_rng=True, what=text_of(state), line=line, watched=watched, moved=moved)
             return it
         assert how == "iterable", how
         it = iter(state["iterable"])
-        _skip(it, k, check_rng=True, what=text_of(state), line=line)
+        _skip(it, k, check_rng=True, what=text_of(state), line=line, watched=watched, moved=moved)
         return it
 
     try:
-        return make(desc["tree"])
+        rebuilt = make(desc["tree"])
+        # An object the skipped items drew from must have drawn nothing else meanwhile (the loop
+        # body): then the replay ends where the checkpoint has it. Else the draws interleaved.
+        interleaved = [g for g, s in saved_gen_states if any(g is m for m in moved)
+                       and not rng.same_state(s, rng.object_state(g))]
+        if interleaved:
+            raise CheckpointError(
+                f"cannot resume the loop at line {line} exactly: re-creating its iterator and skipping "
+                f"its first {k} items drew from {', '.join(type(g).__name__ for g in interleaved)} "
+                f"objects the loop body drew from too, so the draws interleaved and cannot be replayed. "
+                f"Give the iterator a generator of its own, draw its randomness up front (shuffle a "
+                f"list), or restart the job from the beginning.")
+        return rebuilt
     finally:
         for g, state in saved_gen_states:
-            g.set_state(state)
+            rng.set_object_state(g, state)

@@ -76,3 +76,46 @@ def equal(a: RngState, b: RngState) -> bool:
         if na[0] != nb[0] or na[2:] != nb[2:] or not numpy.array_equal(na[1], nb[1]):
             return False
     return True
+
+
+# --------------------------------------------------------------------------- generators a program owns
+def is_generator_object(obj: Any) -> bool:
+    """A random number generator object of the program's own: ``random.Random``, numpy's
+    ``Generator`` or ``RandomState``, a ``torch.Generator`` (not the global ones above)."""
+    if isinstance(obj, random.Random) or lazy.is_torch_generator(obj):
+        return True
+    np_random = lazy.numpy_random()
+    return np_random is not None and isinstance(obj, (np_random.Generator, np_random.RandomState))
+
+
+def object_state(obj: Any) -> Any:
+    """The position of a generator object (see `is_generator_object`), to set back with `set_object_state`."""
+    if isinstance(obj, random.Random):
+        return obj.getstate()
+    if lazy.is_torch_generator(obj):
+        return obj.get_state()
+    if hasattr(obj, "bit_generator"):
+        return obj.bit_generator.state
+    return obj.get_state(legacy=False)
+
+
+def set_object_state(obj: Any, state: Any) -> None:
+    if isinstance(obj, random.Random):
+        obj.setstate(state)
+    elif lazy.is_torch_generator(obj):
+        obj.set_state(state)
+    elif hasattr(obj, "bit_generator"):
+        obj.bit_generator.state = state
+    else:
+        obj.set_state(state)
+
+
+def same_state(a: Any, b: Any) -> bool:
+    """Two positions of one generator object are the same (tensors and arrays compared by value)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    if hasattr(a, "shape") and hasattr(b, "shape"):  # a tensor or an array
+        return tuple(a.shape) == tuple(b.shape) and bool((a == b).all())
+    return a == b

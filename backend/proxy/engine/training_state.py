@@ -205,7 +205,7 @@ def _loader_iter_type() -> type:
 
 def loader_snapshot(loader: Any, full: bool) -> tuple:
     """The RNG state and the states of ``loader``'s own generators: what its next iterator will draw."""
-    return rng.capture(full=full), [(g, g.get_state()) for g in iterators.loader_generators(loader)]
+    return rng.capture(full=full), [(g, rng.object_state(g)) for g in iterators.loader_generators(loader)]
 
 
 def apply_loader_snapshot(snapshot: tuple) -> None:
@@ -213,7 +213,7 @@ def apply_loader_snapshot(snapshot: tuple) -> None:
     state, gens = snapshot
     rng.apply(state)
     for g, s in gens:
-        g.set_state(s)
+        rng.set_object_state(g, s)
 
 
 def install() -> None:
@@ -306,7 +306,7 @@ def _rebuild_loader_iter(loader: Any, mode: str, full: bool, created: tuple, fir
     The loader's generators are put back as they were; the global generators are left as this
     leaves them: the restore sets them to their checkpointed states once the graph is loaded.
     """
-    gens_now = [(g, g.get_state()) for g in iterators.loader_generators(loader)]
+    gens_now = [(g, rng.object_state(g)) for g in iterators.loader_generators(loader)]
     try:
         apply_loader_snapshot(created)
         if into is None:
@@ -324,4 +324,4 @@ def _rebuild_loader_iter(loader: Any, mode: str, full: bool, created: tuple, fir
         return iterators.advance_loader_iterator(it, loader, mode, yielded, 0, "a DataLoader iterator")
     finally:
         for g, s in gens_now:
-            g.set_state(s)
+            rng.set_object_state(g, s)
