@@ -125,3 +125,61 @@ def test_periodic_checkpoints_are_pruned_and_resumable(launcher, tmp_path):
     assert resumed.rc == 0, resumed.describe()
     assert [d["step"] for _, d in resumed.events("restore")] == [written[-1]["step"]]
     assert base.stdout.endswith(resumed.stdout)
+
+
+REENTERED_WITHS = """
+import contextlib, tempfile, torch
+
+def main():
+    torch.manual_seed(0)
+    with contextlib.ExitStack() as stack:
+        stack.callback(print, "cleanup ran")
+        for i in range(3):
+            print("stack", i)
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(3):
+            torch.save(torch.ones(2) * i, f"{tmp}/epoch{i}.pt")
+            print("tmp", i)
+    for epoch in range(2):
+        noise = torch.rand(1).item()
+        with torch.random.fork_rng():
+            torch.manual_seed(123)
+            for b in range(3):
+                print("eval", epoch, b, torch.rand(1).item())
+        print("train", epoch, noise)
+    for i in range(2):
+        print("after", i)
+
+main()
+"""
+
+
+def test_with_statements_a_restore_cannot_enter_again_fail_the_checkpoint_naming_them(launcher, tmp_path):
+    """An ExitStack holding callbacks, a TemporaryDirectory (the stop removes it) and
+    torch.random.fork_rng (it saved the RNG of its entry) resumed wrongly before: each now fails
+    the checkpoint taken inside it, naming it, and the program runs on; outside them it stops."""
+    script = tmp_path / "withs.py"
+    script.write_text(REENTERED_WITHS)
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    lines = REENTERED_WITHS.splitlines()
+
+    def line_of(text: str) -> int:
+        return next(i for i, x in enumerate(lines, 1) if text in x)
+
+    def loop_steps(body_text: str) -> list[int]:
+        """The safe points of the for loop whose body holds ``body_text``."""
+        line = max(i for i, x in enumerate(lines[:line_of(body_text)], 1) if x.strip().startswith("for "))
+        return [t["step"] for t in trace if t["kind"] == "loop" and t["line"] == line]
+
+    expected = [("ExitStack()", "print(\"stack\"", "ExitStack with 1 callback"),
+                ("TemporaryDirectory()", "print(\"tmp\"", "tempfile.TemporaryDirectory"),
+                ("fork_rng()", "print(\"eval\"", "torch.random.fork_rng()")]
+    for with_text, body_text, named in expected:
+        step = loop_steps(body_text)[1]
+        run = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / f"ck{step}"), "--stop-at-step", str(step)])
+        assert run.rc == 0 and run.stdout == base.stdout, run.describe()
+        failed = [d["error"] for _, d in run.events("checkpoint_failed")]
+        assert len(failed) == 1 and named in failed[0], failed
+        assert f"the with statement at line {line_of(with_text)} holds" in failed[0], failed
+    out, _ = run_chain(launcher, [str(script)], loop_steps("print(\"after\"")[1:], tmp_path / "ck-after")
+    assert out == base.stdout

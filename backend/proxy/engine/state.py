@@ -43,6 +43,7 @@ import os
 import pickle
 import platform
 import sys
+import tempfile
 import time
 import types
 import warnings
@@ -382,6 +383,8 @@ def _records(rt: RuntimeView, entries: list, boundary: Optional[int], last: int,
             rec = {"node": frame.node, "kind": frame.kind, "line": nodes[frame.node].line}
             if frame.kind == "with":
                 rec["files"] = _with_files(frame, rec["line"], failures)
+                failures.extend(CheckpointFailure(f"the with statement at line {rec['line']} holds {why}")
+                                for why in map(_not_reenterable, frame.managers) if why)
             records.append(rec)
     return records
 
@@ -403,6 +406,28 @@ def _with_files(frame: BlockFrame, line: int, failures: list[CheckpointFailure])
                                                   f"cannot be saved: {e}"))
         out.append(saved)
     return out
+
+
+def _not_reenterable(manager: Any) -> Optional[str]:
+    """Why entering this ``with`` manager again at restore would not continue the run (None: it
+    would). The restore runs the header again, so a manager whose ``__enter__`` records the
+    moment it ran, or whose exit at the stop undid the block's work, cannot be carried."""
+    if isinstance(manager, (contextlib.ExitStack, contextlib.AsyncExitStack)) and manager._exit_callbacks:
+        return (f"a contextlib.{type(manager).__name__} with {len(manager._exit_callbacks)} callback(s) "
+                f"registered: a restore enters the statement again with an empty stack, so they would "
+                f"never run. Register them before the loop's with statement (or use a with per resource)")
+    if isinstance(manager, tempfile.TemporaryDirectory):
+        return ("a tempfile.TemporaryDirectory: stopping the job exits the statement, which removes "
+                "the folder and what the loop wrote there. Write into a folder of the job's own (a "
+                "relative path) instead")
+    gen = getattr(manager, "gen", None)  # a @contextmanager's generator (its func is dropped on enter)
+    frame = getattr(gen, "gi_frame", None)
+    if isinstance(manager, contextlib._GeneratorContextManager) and frame is not None and (
+            frame.f_globals.get("__name__"), gen.gi_code.co_name) == ("torch.random", "fork_rng"):
+        return ("torch.random.fork_rng(): it saved the RNG state when it was entered and restores it "
+                "at its end; a restore would enter it again and save another state. Take the "
+                "checkpoint outside it (e.g. keep the with statement inside the loop body)")
+    return None
 
 
 def _current_statement(rt: RuntimeView, position: list[dict]) -> int:
