@@ -109,3 +109,27 @@ def test_a_library_is_told_without_resolving_its_path_unless_the_job_lives_besid
     assert not module_state._installed(str(tmp_path / "helpers.py"), [str(tmp_path)])
     # a job kept under the interpreter's prefix: decided the long way, by in_job_folder
     assert not module_state._installed(os.path.join(sys.prefix, "job", "helpers.py"), [os.path.join(sys.prefix, "job")])
+
+
+def test_data_attributes_of_a_modules_classes_come_back_and_their_methods_stay_the_imports(job_folder):
+    """``AverageMeter.instances`` and ``Meter.count += 1`` in a helper module resumed at their
+    import-time values before; an Enum's members and a class's methods are the import's."""
+    (job_folder / "jobmeters.py").write_text(
+        "import enum\nclass Meter:\n    count = 0\n    instances = []\n    def __init__(self):\n"
+        "        Meter.count += 1\n        Meter.instances.append(self)\n    def total(self):\n        return Meter.count\n"
+        "class Phase(enum.Enum):\n    TRAIN = 1\n")
+    import jobmeters
+
+    meters = [jobmeters.Meter(), jobmeters.Meter()]
+    saved = dumps({"modules": module_state.capture([str(job_folder)], probe), "namespace": {"meters": meters}})
+    classes = pickle.loads(saved)["modules"]["jobmeters"][module_state.CLASS_ATTRIBUTES]
+    assert set(classes) == {"Meter"} and set(classes["Meter"]) == {"count", "instances"}
+
+    del sys.modules["jobmeters"]
+    graph = pickle.loads(saved)
+    module_state.apply(graph["modules"])
+    import jobmeters as again
+
+    assert again.Meter.count == 2 and again.Meter.instances == graph["namespace"]["meters"]
+    assert again.Meter.instances[0].total() == 2 and again.Phase.TRAIN.value == 1
+    sys.modules.pop("jobmeters", None)

@@ -10,12 +10,14 @@ pickle graph as the program's variables (objects they share stay shared), and th
 them again after the load.
 
 Not recorded: names starting with ``__``, modules, and the functions and classes the module
-defines (its import makes them again). A global that does not pickle and holds no progress (a
+defines (its import makes them again); but a class's data attributes are (``AverageMeter.instances``,
+a registry dict, a counter: what ``cls.x = ...`` changed), under `CLASS_ATTRIBUTES`. A global that does not pickle and holds no progress (a
 lock, a logger, a thread pool: `handles.progress_free`) keeps what the import made; any other is
 left out with a ``RuntimeWarning`` naming it, once.
 """
 from __future__ import annotations
 
+import enum
 import importlib
 import os
 import sys
@@ -28,6 +30,8 @@ from .libraries import OWN_PACKAGES, in_job_folder
 from ..checkpoint.errors import CheckpointError
 from .rewrite import PREFIX
 
+#: the key of a module's record under which its classes' data attributes are kept
+CLASS_ATTRIBUTES = "__class_attributes__"
 _warned: set[tuple[str, str]] = set()
 _decided: dict[tuple[str, int, tuple[str, ...]], bool] = {}
 #: the last answer of `job_modules` (folders, the modules it was read from, the answer): a
@@ -101,20 +105,39 @@ def capture(folders: Iterable[str], probe: Callable[[Any], Optional[str]]) -> di
     does not pickle (None when it does)."""
     out: dict[str, dict[str, Any]] = {}
     for name, module in job_modules(folders).items():
-        saved = {}
+        saved: dict[str, Any] = {}
+        classes: dict[str, dict[str, Any]] = {}
         for key, value in list(vars(module).items()):
-            if key.startswith("__") or key.startswith(PREFIX) or _made_by_import(module, value):
+            if key.startswith("__") or key.startswith(PREFIX):
                 continue
-            why = probe(value)
-            if why is None:
-                saved[key] = value
-            elif not handles.progress_free(value) and (name, key) not in _warned:
-                _warned.add((name, key))
-                warnings.warn(f"{name}.{key} ({type(value).__name__}) cannot be saved ({why}); after a restore it "
-                              f"holds what importing {name} makes", RuntimeWarning, stacklevel=3)
+            if not _made_by_import(module, value):
+                _keep(saved, name, key, value, probe)
+            elif isinstance(value, type) and not isinstance(value, enum.EnumMeta) and value.__qualname__ == key:
+                attributes: dict[str, Any] = {}
+                for attr, v in list(vars(value).items()):
+                    if not attr.startswith("_abc_") and not (attr.startswith("__") and attr.endswith("__")) \
+                            and not hasattr(type(v), "__get__") and not isinstance(v, type):
+                        _keep(attributes, name, f"{key}.{attr}", v, probe, attr)
+                if attributes:
+                    classes[key] = attributes
+        if classes:
+            saved[CLASS_ATTRIBUTES] = classes
         if saved:
             out[name] = saved
     return out
+
+
+def _keep(into: dict[str, Any], module: str, name: str, value: Any, probe: Callable[[Any], Optional[str]],
+          key: Optional[str] = None) -> None:
+    """``into[key or name] = value`` if it pickles; else a warning naming it (once), unless it
+    holds no progress (a lock, a logger: what the import makes will do)."""
+    why = probe(value)
+    if why is None:
+        into[key or name] = value
+    elif not handles.progress_free(value) and (module, name) not in _warned:
+        _warned.add((module, name))
+        warnings.warn(f"{module}.{name} ({type(value).__name__}) cannot be saved ({why}); after a restore it "
+                      f"holds what importing {module} makes", RuntimeWarning, stacklevel=4)
 
 
 def apply(saved: Optional[dict[str, dict[str, Any]]]) -> None:
@@ -129,4 +152,10 @@ def apply(saved: Optional[dict[str, dict[str, Any]]]) -> None:
                                       f"imported here ({exc}); restore it beside the script (or on sys.path) as it "
                                       f"was, or start the job over") from exc
         for key, value in values.items():
-            setattr(module, key, value)
+            if key == CLASS_ATTRIBUTES:
+                for cls_name, attributes in value.items():
+                    cls = getattr(module, cls_name, None)
+                    for attr, v in attributes.items() if isinstance(cls, type) else ():
+                        setattr(cls, attr, v)
+            else:
+                setattr(module, key, value)
