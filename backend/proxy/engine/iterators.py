@@ -140,6 +140,8 @@ def _generators_of(objs: Sequence[Any], holders: bool = True) -> list[Any]:
     """Generator objects among ``objs`` (``holders=False``) or among their attributes (one level)."""
     out: list[Any] = []
     for obj in objs:
+        if holders and isinstance(obj, types.ModuleType):
+            continue  # `torch` or `np` named in a generator's code: the global generators are saved apart
         if holders:
             attrs = getattr(obj, "__dict__", None)
             candidates = list(attrs.values()) if isinstance(attrs, dict) else []
