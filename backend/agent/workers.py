@@ -163,9 +163,11 @@ class JobRun:
             argv = [str(spec_path), str(rank_dir)]
             proc: Any = None
             pgid: Optional[int] = None
+            # a fork hashes strings with the spawner's salt: a job that asks for another gets a fresh interpreter
+            forkable = env.get(contract.ENV_HASH_SEED) == contract.HASH_SEED
             if self.bwrap is not None:
-                proc, pgid = await self._spawn_sandboxed(argv, env, rank_dir, w_fd)
-            elif self.spawner is not None:
+                proc, pgid = await self._spawn_sandboxed(argv, env, rank_dir, w_fd, forkable)
+            elif self.spawner is not None and forkable:
                 proc = await self.spawner.spawn(argv, env, str(rank_dir), w_fd, LINE_LIMIT)
             if proc is None:  # no warm spawner (yet): a fresh interpreter
                 proc = await asyncio.create_subprocess_exec(
@@ -209,7 +211,7 @@ class JobRun:
         return {minors[d.uuid] for d in gpus if d.uuid in minors}
 
     async def _spawn_sandboxed(self, argv: list[str], env: dict[str, str], rank_dir: Path,
-                               w_fd: int) -> tuple[Any, int]:
+                               w_fd: int, forkable: bool = True) -> tuple[Any, int]:
         """A worker inside its sandbox (backend/agent/sandbox.py); returns the process and the
         sandbox's process group, which is what stop signals. A fork of the warm spawner makes
         the sandbox itself (backend/namespaces.py) once the spawner is ready; until then a
@@ -228,7 +230,7 @@ class JobRun:
             visible.append(Path(self.spec.workdir))
         env = {**env, contract.ENV_SANDBOXED: "1"}
         mounts = sandbox.plan(self.hidden, visible, sandbox.gpu_files_to_mask(self._own_gpu_minors()), self.account)
-        if self.spawner is not None:
+        if self.spawner is not None and forkable:
             proc = await self.spawner.spawn(argv, env, str(rank_dir), w_fd, LINE_LIMIT, sandbox={
                 "mounts": [m.as_dict() for m in mounts], "account": self.account and self.account.ids()})
             if proc is not None:

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -65,6 +68,17 @@ def test_torch_job_runs_with_fixed_threads(client):
     job = client.submit("import torch, os\n(torch.get_num_threads(), os.environ['CUDA_VISIBLE_DEVICES'], "
                         "int(os.environ['WORLD_SIZE']), torch.ones(3).sum().item())")
     assert job.result(timeout=60) == (1, "", 1, 3.0)
+
+
+def test_jobs_hash_strings_with_a_fixed_salt_or_the_one_they_ask_for(client):
+    """A set of strings iterates in the same order in every process of a job (its restores): the
+    salt is 0 unless the job's environment names another, which a fresh interpreter then uses."""
+    code = "import os\n(os.environ['PYTHONHASHSEED'], hash('singularity'))"
+    expected = {seed: int(subprocess.run([sys.executable, "-c", "print(hash('singularity'))"], text=True,
+                                         capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout)
+                for seed in ("0", "5")}
+    assert client.submit(code).result(timeout=60) == ("0", expected["0"])
+    assert client.submit(code, env={"PYTHONHASHSEED": "5"}).result(timeout=60) == ("5", expected["5"])
 
 
 def test_a_cpu_slot_pins_its_job_to_the_slots_cores(client):
