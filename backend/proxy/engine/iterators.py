@@ -280,8 +280,13 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
 
 
 # --------------------------------------------------------------------------- restore time
+_DRAW_UP_FRONT = "Draw the randomness up front (e.g. shuffle a list, or use a DataLoader)"
+_LOADER_ADVICE = ("Give the DataLoader num_workers=1 or more (its workers' randomness is replayed "
+                  "exactly), draw the randomness up front")
+
+
 def _skip(it: Iterator[Any], k: int, check_rng: bool, what: str, line: int,
-          watched: Sequence[Any] = (), moved: Optional[list] = None) -> None:
+          watched: Sequence[Any] = (), moved: Optional[list] = None, advice: str = _DRAW_UP_FRONT) -> None:
     """Advance ``it`` by k items; with ``check_rng`` refuse replays whose items drew RNG. The
     generator objects of ``watched`` that items after the first drew from are added to ``moved``."""
     if k <= 0:
@@ -299,11 +304,12 @@ def _skip(it: Iterator[Any], k: int, check_rng: bool, what: str, line: int,
     if moved is not None:
         moved.extend(g for g, s in zip(watched, objects_before) if not rng.same_state(s, rng.object_state(g)))
     if before is not None and not rng.equal(before, rng.capture(full=True)):
+        where = f"the loop at line {line}" if line else what  # 0: an iterator held outside a loop
         raise CheckpointError(
-            f"cannot resume the loop at line {line} exactly: re-creating `{what}` and skipping its "
+            f"cannot resume {where} exactly: re-creating `{what}` and skipping its "
             f"first {k} items drew random numbers after the first item, so those draws were "
-            f"interleaved with the loop body's and cannot be reproduced. Draw the randomness up "
-            f"front (e.g. shuffle a list, or use a DataLoader) or restart the job from the beginning.")
+            f"interleaved with the loop body's and cannot be reproduced. {advice}, "
+            f"or restart the job from the beginning.")
 
 
 def _advance_dataloader(loader: DataLoader, mode: str, k: int, line: int, text: str) -> Iterator[Any]:
@@ -324,7 +330,7 @@ def advance_loader_iterator(it: Iterator[Any], loader: DataLoader, mode: str, k:
                 break
         it._num_yielded += k
         return it
-    _skip(it, k, check_rng=loader.num_workers == 0, what=text, line=line)
+    _skip(it, k, check_rng=loader.num_workers == 0, what=text, line=line, advice=_LOADER_ADVICE)
     return it
 
 
