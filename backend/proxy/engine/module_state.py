@@ -127,6 +127,14 @@ def capture(folders: Iterable[str], probe: Callable[[Any], Optional[str]]) -> di
     return out
 
 
+def kept_names(captured: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """What a `capture` kept, by name (``Meter.count`` for a class attribute): two captures that
+    probed differently left out the same things when these agree."""
+    return {module: sorted(k for k in values if k != CLASS_ATTRIBUTES) + sorted(
+        f"{cls}.{attr}" for cls, attrs in values.get(CLASS_ATTRIBUTES, {}).items() for attr in attrs)
+        for module, values in captured.items()}
+
+
 def _keep(into: dict[str, Any], module: str, name: str, value: Any, probe: Callable[[Any], Optional[str]],
           key: Optional[str] = None) -> None:
     """``into[key or name] = value`` if it pickles; else a warning naming it (once), unless it

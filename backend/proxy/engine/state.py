@@ -609,9 +609,7 @@ def _assume_saves(obj: Any) -> Optional[str]:
 def _settings_kept(graph: dict) -> tuple:
     """What the probes of `_graph`'s settings decide: the module globals and the loggers whose
     handlers are saved."""
-    return ({module: sorted(values) + sorted(f"{cls}.{attr}" for cls, attrs in
-                                            values.get(module_state.CLASS_ATTRIBUTES, {}).items() for attr in attrs)
-             for module, values in graph["modules"].items()},
+    return (module_state.kept_names(graph["modules"]),
             sorted(name for name, conf in graph["process"]["logging"]["loggers"].items()
                    if conf["handlers"] is not None))
 
