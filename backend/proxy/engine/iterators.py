@@ -18,7 +18,8 @@ children) and `Leaf` for anything else.  Each leaf gets a strategy when the loop
 
 Replays check that the skipped items drew no random numbers after the first one; if they did,
 their draws were interleaved with the loop body's and cannot be reproduced, so the restore fails
-loudly instead of resuming wrongly.
+loudly instead of resuming wrongly.  They also check that the skipped items are the ones the loop
+took (`item_digest`): an iterator that reads state the loop body changes yields others.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
-from . import lazy, rng
+from . import item_digest, lazy, rng
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,7 +62,7 @@ LOADER_ORIGIN = "_sg_origin"
 class Leaf:
     """One evaluated sub-expression of a loop's iterable (``index`` = its maker slot)."""
 
-    __slots__ = ("index", "value", "kind", "mode", "iterator")
+    __slots__ = ("index", "value", "kind", "mode", "iterator", "digest")
 
     def __init__(self, index: int, value: Any) -> None:
         self.index = index
@@ -69,6 +70,7 @@ class Leaf:
         self.kind = ""  # seq | dataloader | iterator | iterable, set when the loop starts
         self.mode = ""  # for a dataloader: skip | replay
         self.iterator: Optional[Iterator[Any]] = None  # iter(value), made when the loop starts
+        self.digest: Optional[item_digest.Digesting] = None  # the items taken, if it may be replayed
 
 
 class Node:
@@ -194,7 +196,7 @@ def _to_tree(src: Any) -> Any:
 class LoopSource:
     """The created iterator of one loop activation plus what is needed to rebuild it."""
 
-    __slots__ = ("tree", "iterator", "rng", "generators")
+    __slots__ = ("tree", "iterator", "rng", "generators", "digests")
 
     def __init__(self, tree: Any, iterator: Iterator[Any], rng_state: Optional[dict],
                  generators: list[tuple[Any, Any]]) -> None:
@@ -202,6 +204,8 @@ class LoopSource:
         self.iterator = iterator
         self.rng = rng_state
         self.generators = generators
+        #: leaf index -> the digest of the items taken from a leaf a restore may replay
+        self.digests = {leaf.index: leaf.digest for leaf in leaves_of(tree) if leaf.digest is not None}
 
     @classmethod
     def start(cls, src: Any) -> "LoopSource":
@@ -218,9 +222,21 @@ class LoopSource:
         return cls(tree, _build(tree), snapshot, gens)
 
 
+def _may_be_replayed(leaf: Leaf) -> bool:
+    """Whether a restore may re-create this leaf and skip the items taken (not pickle it)."""
+    if leaf.kind == "iterable":
+        return True
+    if leaf.kind != "iterator" or type(leaf.value) in _POSITION_ITERS or lazy.is_rng_free_generator(leaf.value):
+        return False
+    return LOADER_ORIGIN not in getattr(leaf.value, "__dict__", {})  # a DataLoader's pickles itself
+
+
 def _build(tree: Any) -> Iterator[Any]:
     if isinstance(tree, Leaf):
         tree.iterator = iter(tree.value)
+        if _may_be_replayed(tree):
+            tree.digest = item_digest.Digesting(tree.iterator)
+            return tree.digest
         return tree.iterator
     kids = [_build(c) for c in tree.children]
     if tree.kind == "enumerate":
@@ -279,6 +295,21 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
     return {"tree": walk(source.tree), "rng": source.rng, "generators": source.generators}
 
 
+def with_item_digests(desc: dict, digests: dict[int, item_digest.Digesting]) -> dict:
+    """``desc`` with the current digest of the items taken from each replayed leaf."""
+    if not digests or not desc:
+        return desc
+
+    def walk(state: dict) -> dict:
+        if "children" in state:
+            return {**state, "children": [walk(c) for c in state["children"]]}
+        if state["how"] in ("expr", "iterable") and state["index"] in digests:
+            return {**state, "items": digests[state["index"]].value}
+        return state
+
+    return {**desc, "tree": walk(desc["tree"])}
+
+
 # --------------------------------------------------------------------------- restore time
 _DRAW_UP_FRONT = "Draw the randomness up front (e.g. shuffle a list, or use a DataLoader)"
 _LOADER_ADVICE = ("Give the DataLoader num_workers=1 or more (its workers' randomness is replayed "
@@ -335,13 +366,16 @@ def advance_loader_iterator(it: Iterator[Any], loader: DataLoader, mode: str, k:
 
 
 def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
-            leaf_texts: Sequence[str], line: int) -> Iterator[Any]:
-    """Re-create the iterator described by `describe` positioned after ``k`` items."""
+            leaf_texts: Sequence[str], line: int,
+            digests: Optional[dict[int, item_digest.Digesting]] = None) -> Iterator[Any]:
+    """Re-create the iterator described by `describe` positioned after ``k`` items. The digests
+    of the replayed leaves' items, which go on counting, are put in ``digests``."""
     # The generator objects are the checkpoint's (restored with the program's variables): put
     # them back as they were when the loop began for the replay, then as the checkpoint has them.
     watched = [g for g, _ in desc["generators"]]
     saved_gen_states = [(g, rng.object_state(g)) for g in watched]
     moved: list[Any] = []
+    differing: list[str] = []  # the replayed leaves whose items are not the ones the loop took
     if desc["rng"] is not None:
         rng.apply(desc["rng"])
     for g, state in desc["generators"]:
@@ -376,13 +410,18 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
             maker = makers[state["index"]] if state["index"] < len(makers) else None
             if maker is None:
                 raise CheckpointError(f"the loop at line {line} cannot re-create `{text_of(state)}`")
-            it = iter(maker())
-            _skip(it, k, check_rng=True, what=text_of(state), line=line, watched=watched, moved=moved)
-            return it
+            return replay(state, iter(maker()))
         assert how == "iterable", how
-        it = iter(state["iterable"])
-        _skip(it, k, check_rng=True, what=text_of(state), line=line, watched=watched, moved=moved)
-        return it
+        return replay(state, iter(state["iterable"]))
+
+    def replay(state: dict, it: Iterator[Any]) -> Iterator[Any]:
+        tracked = item_digest.Digesting(it)
+        _skip(tracked, k, check_rng=True, what=text_of(state), line=line, watched=watched, moved=moved)
+        if "items" in state and tracked.value != state["items"]:
+            differing.append(text_of(state))
+        if digests is not None:
+            digests[state["index"]] = tracked
+        return tracked
 
     try:
         rebuilt = make(desc["tree"])
@@ -397,6 +436,15 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
                 f"objects the loop body drew from too, so the draws interleaved and cannot be replayed. "
                 f"Give the iterator a generator of its own, draw its randomness up front (shuffle a "
                 f"list), or restart the job from the beginning.")
+        if differing:
+            raise CheckpointError(
+                f"cannot resume the loop at line {line} exactly: re-creating `{differing[0]}` and "
+                f"skipping its first {k} items gave other items than the loop had taken, so the "
+                f"iterator reads state that changed since the loop began (a list, dict or attribute "
+                f"the loop body updates, such as losses or weights it picks examples by). Keep its "
+                f"position where it can be saved: an iterator class holding its state in attributes "
+                f"(it is pickled with its position), or pick the items in the loop body; or restart "
+                f"the job from the beginning.")
         return rebuilt
     finally:
         for g, state in saved_gen_states:

@@ -188,9 +188,10 @@ class Runtime:
             rec, last = self._take(node)
             info = self.program.nodes[node]
             texts = [leaf.text for leaf in info.leaves]
-            it = iterators.rebuild(rec["source"], rec["fetched"], makers, texts, info.line)
+            digests: dict = {}
+            it = iterators.rebuild(rec["source"], rec["fetched"], makers, texts, info.line, digests)
             frame = ForFrame(self, node, it, None, rec["source"], rec["fetched"],
-                             "target" if last else "inside", rec.get("current"))
+                             "target" if last else "inside", rec.get("current"), digests)
             if last:
                 self._finish_restore()
         else:

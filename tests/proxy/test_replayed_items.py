@@ -1,0 +1,115 @@
+"""A loop over a generator or iterable that cannot be pickled is resumed by creating it again and
+skipping the items already taken. When the iterator reads state the loop body changes (hardest
+example mining from a ``losses`` list, a curriculum level the body raises), the replay yields
+other items: such a restore used to resume differently, silently. It must refuse instead, and a
+replay of an iterator that only reads what the body leaves alone must still resume exactly,
+through several restores (the digest of the items taken goes on after each)."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from harness import EXIT_PREEMPTED, pick_stops, run_chain, trace_of
+
+HARD_EXAMPLES = """
+import torch
+torch.manual_seed(0)
+X, y = torch.randn(32, 4), torch.randn(32)
+w = torch.zeros(4, requires_grad=True)
+opt = torch.optim.SGD([w], lr=0.05)
+losses = [1.0] * 32
+
+def hardest(steps, k=4):
+    for _ in range(steps):
+        yield sorted(range(32), key=lambda i: -losses[i])[:k]   # reads what the body updates
+
+def main():
+    for step, idx in enumerate(hardest(12)):
+        per_example = (X[idx] @ w - y[idx]) ** 2
+        for i, l in zip(idx, per_example.tolist()):
+            losses[i] = l
+        opt.zero_grad()
+        per_example.mean().backward()
+        opt.step()
+        print(step, idx, round(per_example.mean().item(), 6))
+
+main()
+"""
+
+CURRICULUM = """
+class Curriculum:
+    def __init__(self):
+        self.level = 1
+    def __iter__(self):
+        for i in range(10):
+            yield [i] * self.level     # the level is read as each item is made
+
+course = Curriculum()
+for item in course:
+    print(item)
+    if len(item) < 3 and sum(item) % 2:
+        course.level += 1              # ... and raised by the loop body
+"""
+
+# Only what the body leaves alone decides the items: views of an array the body updates in
+# place, a permutation drawn up front, parameters the optimizer moves.
+UNCHANGED_CHOICE = """
+import numpy as np
+import torch
+torch.manual_seed(0)
+data = np.arange(24.0).reshape(12, 2)
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+def rows(a):
+    for i in range(len(a)):
+        yield a[i]                     # a view: the body scales it in place
+
+def batches(n, b):
+    order = torch.randperm(n)
+    for i in range(0, n, b):
+        yield torch.from_numpy(data[order[i:i + b].numpy()]).float()
+
+for epoch in range(2):
+    for r in rows(data):
+        r *= 1.5
+    for x in batches(12, 3):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        for name, p in model.named_parameters():
+            p.data.mul_(0.99)
+        print(epoch, x.sum().item(), round(loss.item(), 6))
+print(data.sum())
+"""
+
+
+def _script(tmp_path, src: str) -> list[str]:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(src))
+    return [str(script)]
+
+
+@pytest.mark.parametrize("src, stop", [(HARD_EXAMPLES, 40), (CURRICULUM, 7)], ids=["hard-examples", "curriculum"])
+def test_a_replay_that_yields_other_items_than_the_loop_took_is_refused(launcher, tmp_path, src, stop):
+    target = _script(tmp_path, src)
+    base = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "base")])
+    assert base.rc == 0, base.describe()
+    ck = str(tmp_path / "ck")
+    stopped = launcher.run(target + ["--checkpoint-dir", ck, "--stop-at-step", str(stop)])
+    assert stopped.rc == EXIT_PREEMPTED, stopped.describe()
+    assert base.stdout.startswith(stopped.stdout) and stopped.stdout.count("\n") >= 3, stopped.describe()
+    restored = launcher.run(target + ["--checkpoint-dir", ck, "--restore"])
+    assert restored.rc == 2 and restored.stdout == "", restored.describe()
+    assert "gave other items than the loop had taken" in restored.stderr, restored.stderr
+    assert "reads state that changed since the loop began" in restored.stderr
+
+
+def test_replays_of_iterators_that_read_only_what_the_body_leaves_alone_resume_exactly(launcher, tmp_path):
+    target = _script(tmp_path, UNCHANGED_CHOICE)
+    base, trace = trace_of(launcher, target, tmp_path)
+    assert base.rc == 0, base.describe()
+    for seed in (1, 2):
+        stops = pick_stops(trace, seed, extra=3)
+        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
+        assert out == base.stdout, f"seed {seed}, stops {stops}"
