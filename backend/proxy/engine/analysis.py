@@ -281,6 +281,17 @@ def callee_root(func: ast.expr) -> Optional[str]:
     return None
 
 
+def method_of_temporary(func: ast.expr) -> bool:
+    """A callee like ``Trainer(cfg).fit`` or ``runs[0].fit``: a method of an object no name
+    holds. A restore re-enters it through the receiver saved in the method's frame (its first
+    argument), without evaluating the receiver's expression again. Not ``super().fit``: there the
+    receiver's own ``fit`` is another function."""
+    if not isinstance(func, ast.Attribute) or _private(func.attr) or callee_root(func.value) is not None:
+        return False
+    inner = func.value
+    return not (isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id == "super")
+
+
 def is_pure(e: ast.expr, unstable: set[str] | frozenset[str]) -> bool:
     """An expression that evaluates again to the same objects, with no side effects, after a call
     in the same statement returned (so a restore may evaluate it a second time)."""

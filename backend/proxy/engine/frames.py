@@ -56,10 +56,17 @@ def _call_at(program: ProgramView, fid: int, frame: types.FrameType) -> Optional
 
 
 def _callee_matches(program: ProgramView, cid: int, caller: types.FrameType, callee: types.FrameType) -> bool:
-    """Whether the call site's callee expression, evaluated in the caller, is the callee's function."""
-    text = program.nodes[cid].callee
+    """Whether the call site's callee expression, evaluated in the caller, is the callee's function;
+    for a method of a temporary (``Trainer(cfg).fit()``), the method of the callee's receiver."""
+    info = program.nodes[cid]
     try:
-        fn = eval(text, caller.f_globals, caller.f_locals)  # a name or an attribute chain (see rewrite)
+        if info.method:
+            code = callee.f_code  # the receiver is its first parameter (`DefInfo.receiver`)
+            if not code.co_argcount or code.co_varnames[0] not in callee.f_locals:
+                return False
+            fn = getattr(callee.f_locals[code.co_varnames[0]], info.method)
+        else:
+            fn = eval(info.callee, caller.f_globals, caller.f_locals)  # a name or an attribute chain (see rewrite)
     except Exception:
         return False
     func, _ = function_of(fn)
@@ -67,12 +74,12 @@ def _callee_matches(program: ProgramView, cid: int, caller: types.FrameType, cal
 
 
 def user_chain(program: ProgramView, stack: list, start: Optional[types.FrameType],
-               transparent: types.CodeType) -> Union[list[UserFrame], str]:
+               transparent: frozenset[types.CodeType]) -> Union[list[UserFrame], str]:
     """The user frames from the top level down to ``start``'s innermost program frame, outermost
     first, each with its share of ``stack``; or a string saying why this safe point is unusable.
 
-    ``transparent`` is the code of `Runtime.reenter`, which stands between a caller and its callee
-    after a restore re-entered the call.
+    ``transparent`` holds the codes of `Runtime.reenter` (and `Runtime.reenter_method`, which calls
+    it), which stand between a caller and its callee after a restore re-entered the call.
     """
     f = start
     while f is not None and program.fid_of(f.f_code) is None:
@@ -86,7 +93,7 @@ def user_chain(program: ProgramView, stack: list, start: Optional[types.FrameTyp
         if fid == 0:
             break
         caller = f.f_back
-        if caller is not None and caller.f_code is transparent:
+        while caller is not None and caller.f_code in transparent:
             caller = caller.f_back
         f = caller
     else:

@@ -32,7 +32,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .analysis import bound_names, callee_root, declared_global, function_locals, has_dynamic_parts, is_pure, is_simple_binding, library_roots, loaded_names, not_rewritable, parameters
+from .analysis import bound_names, callee_root, declared_global, function_locals, has_dynamic_parts, is_pure, is_simple_binding, library_roots, loaded_names, method_of_temporary, not_rewritable, parameters
 
 #: the runtime's name in generated code; it ends in ``__`` so that methods do not mangle it
 RT = "__sg_rt__"
@@ -68,6 +68,9 @@ class NodeInfo:
     func: int = 0
     #: for a call: the callee expression's source (``self.fit``), evaluated to check a frame's callee
     callee: str = ""
+    #: for a call of a method on an object no name holds (``Trainer(cfg).fit()``): the method's
+    #: name; the receiver is the callee frame's first argument, never evaluated again
+    method: str = ""
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,8 @@ class DefInfo:
     name: str
     line: int
     local_names: tuple[str, ...]
+    #: its first parameter (a method's ``self``): where ``Trainer(cfg).fit()`` finds its receiver
+    receiver: str = ""
 
 
 @dataclass(frozen=True)
@@ -232,7 +237,9 @@ class _Rewriter:
             return  # no loop and no call that can lead to one: runs unchanged, at no cost
         fid = self.base + len(self.defs) + 1
         local_names = function_locals(fdef)
-        self.defs[fid] = DefInfo(fid, fdef.name, fdef.lineno, tuple(local_names))
+        positional = fdef.args.posonlyargs + fdef.args.args
+        self.defs[fid] = DefInfo(fid, fdef.name, fdef.lineno, tuple(local_names),
+                                 positional[0].arg if positional else "")
         saved = self.func, self.top_index, self._with_names
         self.func, self.top_index, self._with_names = fid, -1, []
         try:
@@ -281,6 +288,8 @@ class _Rewriter:
         if isinstance(e, ast.Call):
             root = callee_root(e.func)
             if root is None:
+                if method_of_temporary(e.func):
+                    out.append(e)
                 return
             if root not in self.library:
                 out.append(e)
@@ -313,13 +322,19 @@ class _Rewriter:
                 if id(node) not in calls:
                     return node
                 original = calls[id(node)]
-                info = rewriter._new("call", original, callee=ast.unparse(original.func))
+                if callee_root(original.func) is None:  # `Trainer(cfg).fit()`: see `method_of_temporary`
+                    assert isinstance(original.func, ast.Attribute)
+                    info = rewriter._new("call", original, method=original.func.attr)
+                    reenter = _rt_call("reenter_method", _const(info.id), _const(info.method))
+                else:
+                    info = rewriter._new("call", original, callee=ast.unparse(original.func))
+                    reenter = _rt_call("reenter", _const(info.id), copy.deepcopy(original.func))
                 span = (original.lineno, original.end_lineno, original.col_offset, original.end_col_offset)
                 rewriter.call_spans.setdefault(rewriter.func, {})[span] = info.id
                 ids.append(info.id)
                 new = ast.IfExp(
                     test=ast.BoolOp(op=ast.And(), values=[_restoring(), _rt_call("go", _const(info.id))]),
-                    body=_rt_call("reenter", _const(info.id), copy.deepcopy(original.func)),
+                    body=reenter,
                     orelse=node)
                 _fill_locations(new, original)
                 # `__sg_rt__.reenter` on the call's first line: for a call spanning lines, Python

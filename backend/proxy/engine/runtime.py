@@ -137,6 +137,18 @@ class Runtime:
         self._arriving = rec
         return func(*bound, *positional, **keywords)
 
+    def reenter_method(self, node: int, method: str) -> Any:
+        """`reenter` for ``Trainer(cfg).fit()``: the receiver is the one the checkpointed frame of
+        the method holds (its first argument), not a new object from the receiver's expression."""
+        rec = self._path[self._depth]
+        definition = self.program.defs.get(rec.get("function"))
+        name = definition.receiver if definition is not None else ""
+        if rec.get("node") != node or name not in rec.get("locals", {}):
+            raise CheckpointError(
+                f"restore re-entered the call of .{method}() at line {rec.get('line', '?')}, but the "
+                f"checkpoint holds no receiver for it: the program differs from the one checkpointed")
+        return self.reenter(node, getattr(rec["locals"][name], method))
+
     def arrive(self, marker: str) -> Any:
         """Prologue of a rewritten function called while ``restoring``: None for the call a restore
         re-enters (its locals are loaded next); for any other call (a ``with`` header, an iterator
@@ -318,7 +330,7 @@ class Runtime:
         return out
 
 
-_REENTER_CODE = Runtime.reenter.__code__
+_REENTER_CODE = frozenset({Runtime.reenter.__code__, Runtime.reenter_method.__code__})
 
 
 class _DormantRuntime(Runtime):
