@@ -183,3 +183,55 @@ def test_with_statements_a_restore_cannot_enter_again_fail_the_checkpoint_naming
         assert f"the with statement at line {line_of(with_text)} holds" in failed[0], failed
     out, _ = run_chain(launcher, [str(script)], loop_steps("print(\"after\"")[1:], tmp_path / "ck-after")
     assert out == base.stdout
+
+
+THREAD_AND_CSV = '''
+import csv, os, queue, threading
+
+class Prefetcher:
+    def __init__(self, items):
+        self.items = items
+        self.q = queue.Queue(maxsize=2)
+        self.thread = threading.Thread(target=self._work, daemon=True)
+        self.thread.start()
+    def _work(self):
+        for x in self.items:
+            self.q.put(x)
+        self.q.put(None)
+    def __iter__(self):
+        while (x := self.q.get()) is not None:
+            yield x
+
+path = os.path.join(os.path.dirname(__file__), "d.csv")
+with open(path, "w") as f:
+    f.write("a,b\\n1,2\\n")
+f = open(path)
+reader = csv.reader(f)
+header = next(reader)
+rows = [r for r in reader]
+f.close()
+for i in range(3):
+    print("rows", i, rows)
+del reader
+for x in Prefetcher(range(6)):
+    print("item", x)
+'''
+
+
+def test_a_running_thread_and_a_csv_reader_are_refused_with_advice_that_fits(launcher, tmp_path):
+    """Both were refused before with advice that did not fit (``close it``; ``give Prefetcher
+    __getstate__ ... leave out `_waiters` ``, the iterable named ``dict``)."""
+    script = tmp_path / "prefetch.py"
+    script.write_text(THREAD_AND_CSV)
+    target = [str(script)]
+    base, trace = trace_of(launcher, target, tmp_path)
+    loops = sorted({t["line"] for t in trace if t["kind"] == "loop"})
+    for line, expected in [(loops[0], ["`reader` is a csv reader", "rows = list(csv.reader(f))"]),
+                           (loops[1], ["`<iterable of the loop at line", "(Prefetcher:",
+                                       "is a running thread (Prefetcher._work)", "num_workers=2"])]:
+        step = _loop_steps(trace, line)[1]
+        run = launcher.run(target + ["--checkpoint-dir", str(tmp_path / f"ck{step}"), "--stop-at-step", str(step)])
+        assert run.rc == 0 and run.stdout == base.stdout, run.describe()
+        failed = [d["error"] for _, d in run.events("checkpoint_failed")]
+        assert len(failed) == 1 and all(e in failed[0] for e in expected), failed
+        assert "dict" not in failed[0] and "close it" not in failed[0], failed

@@ -32,6 +32,7 @@ PROGRESS_FREE_MODULES = ("threading", "_thread", "concurrent.futures", "logging"
 
 
 _csv_writer = csv.writer  # the C function `install` puts `CsvWriter` in front of
+_CSV_READER = type(csv.reader([]))
 
 
 class CsvWriter:
@@ -147,6 +148,9 @@ def explain(name: str, value: Any, probe: Callable[[Any], Optional[str]], top_le
     """Advice for one variable that cannot be saved, naming the attribute that fails if there is
     one; ``top_level``: the variable is the program's own (its statement could be re-run), not a
     function's local."""
+    known = explain_known(name, value, probe)
+    if known:
+        return known
     path, culprit = _culprit(name, value, probe)
     kind = type(culprit).__name__
     if isinstance(culprit, types.GeneratorType):
@@ -170,6 +174,41 @@ def explain(name: str, value: Any, probe: Callable[[Any], Optional[str]], top_le
                 f"restore; create it at the top level of the script, or `del {name}` before the loop")
     return (f"`{name}` ({kind}) cannot be saved and re-creating it could resume differently; close it or "
             f"`del {name}` before the loop, or create and close it inside the loop body")
+
+
+def explain_known(name: str, value: Any, probe: Callable[[Any], Optional[str]]) -> str:
+    """Advice for what a variable or a loop's iterable holds that is known to hold progress a
+    checkpoint cannot save (a running thread, a csv reader), else ''."""
+    thread = _live_thread(name, value)
+    if thread is not None:
+        path, target = thread
+        return (f"`{path}` is a running thread{target}: what a background thread has done and holds (a "
+                f"queue it fills, where it is in its loop) cannot be saved. Let a DataLoader prefetch "
+                f"instead (`num_workers=2`: its workers are replayed exactly), or stop and join the thread "
+                f"before the loop")
+    path, culprit = _culprit(name, value, probe)
+    if type(culprit) is _CSV_READER:
+        return (f"`{path}` is a csv reader, whose place in its file cannot be saved; read the rows where it "
+                f"is made (`rows = list(csv.reader(f))`), loop over it in the for statement that makes it "
+                f"(`for row in csv.reader(f):`, which is replayed), or `del {path}` once it is read")
+    return ""
+
+
+def _live_thread(name: str, value: Any, depth: int = 3) -> Optional[tuple[str, str]]:
+    """The path of a running `threading.Thread` in ``value`` (through plain instance dicts), and
+    what it runs (`` (Prefetcher._work)``)."""
+    if isinstance(value, threading.Thread):
+        if not value.is_alive():
+            return None
+        target = getattr(value, "_target", None)
+        return name, f" ({target.__qualname__})" if hasattr(target, "__qualname__") else ""
+    attrs = getattr(value, "__dict__", None)
+    if depth and isinstance(attrs, dict) and not isinstance(value, type):
+        for attr, inner in attrs.items():
+            found = _live_thread(f"{name}.{attr}", inner, depth - 1)
+            if found is not None:
+                return found
+    return None
 
 
 def _culprit(name: str, value: Any, probe: Callable[[Any], Optional[str]], depth: int = 3) -> tuple[str, Any]:

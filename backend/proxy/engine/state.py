@@ -482,8 +482,22 @@ def _diagnose(namespace: dict, saved_locals: Optional[dict],
             if key in rec:
                 err = probe(rec[key])
                 if err is not None:
-                    bad.append(("loop", f"<{label} of the loop at line {rec['line']}>", rec[key], err))
+                    value = _failing_part(rec[key]) if key == "source" else rec[key]
+                    bad.append(("loop", f"<{label} of the loop at line {rec['line']}>", value, err))
     return bad
+
+
+def _failing_part(desc: Any) -> Any:
+    """The iterable or iterator of a loop's description that does not pickle (named in the
+    message, rather than the description's dict), else the description."""
+    states = [desc.get("tree", {})] if isinstance(desc, dict) else []
+    while states:
+        state = states.pop()
+        states.extend(state.get("children", ()))
+        for key in ("iterable", "iterator", "loader"):
+            if key in state and probe(state[key]) is not None:
+                return state[key]
+    return desc
 
 
 def write_checkpoint(rt: RuntimeView, boundary: Optional[int], label: Optional[int] = None,
@@ -532,7 +546,8 @@ def _write_checkpoint(rt: RuntimeView, boundary: Optional[int], label: int,
             # re-running the statement is exact only for values that hold no progress of the job
             index = _rebuild_statement(rt, name, current) if mine and handles.progress_free(value) else None
             if index is None:
-                advice = "" if where == "loop" else handles.explain(name, value, probe, top_level=mine)
+                advice = handles.explain_known(name, value, probe) if where == "loop" else \
+                    handles.explain(name, value, probe, top_level=mine)
                 stuck.append((name, type(value).__name__, err, advice))
             else:
                 rebuild[name] = index
