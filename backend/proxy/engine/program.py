@@ -12,7 +12,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import context, handles, libraries, module_state, process_settings, training_state
+from . import caches, context, handles, libraries, module_state, process_settings, training_state
 from ..checkpoint.errors import CheckpointError
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
@@ -258,11 +258,13 @@ class ResumableProgram:
                           stacklevel=2)
         controller.attach(rt)
         libraries.bind(rt)
+        caches.install(globals_, self._folder())  # lru_cache on the program's functions saves its entries
         try:
             if self.kind == "source":
                 return self._run_source(rt, namespace, graph)
             return self._run_callable(rt, namespace, globals_, graph)
         finally:
+            caches.uninstall()
             libraries.bind(None)
             controller.detach()
 
