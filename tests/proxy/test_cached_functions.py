@@ -73,7 +73,6 @@ def test_cached_functions_resume_with_their_entries_and_counters(launcher, tmp_p
     assert plain.returncode == 0, plain.stderr
     base, trace = trace_of(launcher, target, tmp_path)
     assert base.stdout == plain.stdout  # the Python cache behaves as CPython's
-    for seed in (1, 2):
-        stops = pick_stops(trace, seed, extra=3)
-        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
-        assert out == base.stdout, f"seed {seed}, stops {stops}"
+    stops = pick_stops(trace, 1, extra=4)
+    out, _ = run_chain(launcher, target, stops, tmp_path / "ck")
+    assert out == base.stdout, f"stops {stops}"

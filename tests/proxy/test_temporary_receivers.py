@@ -57,7 +57,6 @@ def test_a_method_called_on_a_temporary_object_has_safe_points_and_resumes_exact
     assert base.stdout.count("built") == 4, base.describe()
     inside = [t for t in trace if t["kind"] == "loop" and t.get("functions") == ["main", "fit"]]
     assert len(inside) >= 20, trace  # before: none (the stop waited until fit returned)
-    for seed in (1, 2):
-        stops = pick_stops(trace, seed, extra=3)
-        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
-        assert out == base.stdout, f"seed {seed}, stops {stops}"
+    stops = pick_stops(trace, 1, extra=4)
+    out, _ = run_chain(launcher, target, stops, tmp_path / "ck")
+    assert out == base.stdout, f"stops {stops}"
