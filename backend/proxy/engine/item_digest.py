@@ -19,12 +19,15 @@ the loop body is free to change afterwards:
   strides), not its values, which the body may update in place;
 - a parameter (``requires_grad``) and any other object: its type only.
 
-The digest is a chain (``d' = blake2b(d + item)``), 16 bytes, picklable, continued after a restore.
+The digest is a CRC-32 of the items' encodings, one after the other (``zlib.crc32(item, d)``): a
+plain int, picklable, continued after a restore, ~0.5 µs for a short string or a number. It
+guards against a replay that chose other items by accident, not against an adversary: two
+different item sequences agree with probability 2^-32.
 """
 from __future__ import annotations
 
-import hashlib
 import sys
+import zlib
 from typing import Any, Iterator
 
 from . import lazy
@@ -50,9 +53,9 @@ class _Encoder:
         if t in _SCALARS:
             self.parts.append(repr(obj).encode())
         elif t is str:
-            self.parts.append(b"s" + obj.encode("utf-8", "surrogatepass"))
+            self.parts.append(b"s%d:" % len(obj) + obj.encode("utf-8", "surrogatepass"))
         elif t is bytes or t is bytearray:
-            self.parts.append(b"b" + bytes(obj))
+            self.parts.append(b"b%d:" % len(obj) + bytes(obj))
         elif t is list or t is tuple:
             self.parts.append(b"(%d" % len(obj))
             for x in obj[:_SAMPLE]:
@@ -120,13 +123,17 @@ def _sample(a: Any) -> bytes:
         flat = flat[:: flat.size // _SAMPLE][:_SAMPLE]
     return flat.tobytes()
 
-def fold(digest: bytes, item: Any) -> bytes:
+def fold(digest: int, item: Any) -> int:
     """The digest after one more item."""
+    t = type(item)
+    if t is str:  # lines of a file, words: the common cheap items, without an encoder
+        return zlib.crc32(b"s%d:" % len(item) + item.encode("utf-8", "surrogatepass") + b"\0", digest)
+    if t is int:
+        return zlib.crc32(b"%d\0" % item, digest)
     enc = _Encoder()
     enc.add(item)
-    h = hashlib.blake2b(digest, digest_size=16)
-    h.update(b"\0".join(enc.parts))
-    return h.digest()
+    enc.parts.append(b"")
+    return zlib.crc32(b"\0".join(enc.parts), digest)
 
 
 class Digesting:
@@ -134,7 +141,7 @@ class Digesting:
 
     __slots__ = ("it", "value")
 
-    def __init__(self, it: Iterator[Any], value: bytes = b"") -> None:
+    def __init__(self, it: Iterator[Any], value: int = 0) -> None:
         self.it = it
         self.value = value
 
