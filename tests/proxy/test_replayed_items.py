@@ -52,6 +52,27 @@ for item in course:
         course.level += 1              # ... and raised by the loop body
 """
 
+# An in-process IterableDataset (a DataLoader without workers replays its batches) whose length
+# of sequence the body raises mid-epoch
+STREAM = """
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+class Stream(IterableDataset):
+    def __init__(self):
+        self.max_len = 2
+    def __iter__(self):
+        for i in range(12):
+            yield torch.arange(float(i), i + self.max_len)[:2] * self.max_len
+
+stream = Stream()
+for epoch in range(2):
+    for step, batch in enumerate(DataLoader(stream, batch_size=2)):
+        print(epoch, step, batch.tolist())
+        if step == 2:
+            stream.max_len += 1
+"""
+
 # Only what the body leaves alone decides the items: views of an array the body updates in
 # place, a permutation drawn up front, parameters the optimizer moves.
 UNCHANGED_CHOICE = """
@@ -90,7 +111,8 @@ def _script(tmp_path, src: str) -> list[str]:
     return [str(script)]
 
 
-@pytest.mark.parametrize("src, stop", [(HARD_EXAMPLES, 40), (CURRICULUM, 7)], ids=["hard-examples", "curriculum"])
+@pytest.mark.parametrize("src, stop", [(HARD_EXAMPLES, 40), (CURRICULUM, 7), (STREAM, 11)],
+                         ids=["hard-examples", "curriculum", "dataloader-stream"])
 def test_a_replay_that_yields_other_items_than_the_loop_took_is_refused(launcher, tmp_path, src, stop):
     target = _script(tmp_path, src)
     base = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "base")])

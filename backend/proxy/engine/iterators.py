@@ -224,7 +224,7 @@ class LoopSource:
 
 def _may_be_replayed(leaf: Leaf) -> bool:
     """Whether a restore may re-create this leaf and skip the items taken (not pickle it)."""
-    if leaf.kind == "iterable":
+    if leaf.kind == "iterable" or (leaf.kind == "dataloader" and leaf.mode == "replay"):
         return True
     if leaf.kind != "iterator" or type(leaf.value) in _POSITION_ITERS or lazy.is_rng_free_generator(leaf.value):
         return False
@@ -295,6 +295,13 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
     return {"tree": walk(source.tree), "rng": source.rng, "generators": source.generators}
 
 
+#: the leaves a restore may replay: a DataLoader in replay mode is one, in its own state or pickled
+#: as its live iterator (training_state.py), and so is an iterator that turns out not to pickle
+_REPLAYED_HOWS = ("expr", "iterable", "dataloader", "pickled")
+#: where `advance_loader_iterator` leaves the digest of the batches it replayed, for `rebuild`
+_REPLAYED = "_sg_replayed_items"
+
+
 def with_item_digests(desc: dict, digests: dict[int, item_digest.Digesting]) -> dict:
     """``desc`` with the current digest of the items taken from each replayed leaf."""
     if not digests or not desc:
@@ -303,7 +310,7 @@ def with_item_digests(desc: dict, digests: dict[int, item_digest.Digesting]) -> 
     def walk(state: dict) -> dict:
         if "children" in state:
             return {**state, "children": [walk(c) for c in state["children"]]}
-        if state["how"] in ("expr", "iterable") and state["index"] in digests:
+        if state["how"] in _REPLAYED_HOWS and state["index"] in digests:
             return {**state, "items": digests[state["index"]].value}
         return state
 
@@ -361,7 +368,10 @@ def advance_loader_iterator(it: Iterator[Any], loader: DataLoader, mode: str, k:
                 break
         it._num_yielded += k
         return it
-    _skip(it, k, check_rng=loader.num_workers == 0, what=text, line=line, advice=_LOADER_ADVICE)
+    tracked = item_digest.Digesting(it)
+    _skip(tracked, k, check_rng=loader.num_workers == 0, what=text, line=line, advice=_LOADER_ADVICE)
+    if isinstance(getattr(it, "__dict__", None), dict):
+        it.__dict__[_REPLAYED] = tracked.value
     return it
 
 
@@ -395,10 +405,10 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
             if how == "zip":
                 return zip(*kids, **state["kwargs"])
             return kids[0]
-        if how == "pickled":
-            return state["iterator"]
+        if how == "pickled":  # a DataLoader's iterator replayed its batches as it was unpickled
+            return compared(state, state["iterator"])
         if how == "dataloader":
-            return _advance_dataloader(state["loader"], state["mode"], k, line, text_of(state))
+            return compared(state, _advance_dataloader(state["loader"], state["mode"], k, line, text_of(state)))
         if how == "seq":
             it = iter(state["iterable"])
             if k and isinstance(it, _SETSTATE_ITERS):
@@ -413,6 +423,18 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
             return replay(state, iter(maker()))
         assert how == "iterable", how
         return replay(state, iter(state["iterable"]))
+
+    def compared(state: dict, it: Iterator[Any]) -> Iterator[Any]:
+        """A DataLoader iterator `advance_loader_iterator` replayed: its batches against the loop's."""
+        if "items" not in state:
+            return it
+        replayed = getattr(it, "__dict__", {}).pop(_REPLAYED, None)
+        if replayed is not None and replayed != state["items"]:
+            differing.append(text_of(state))
+        tracked = item_digest.Digesting(it, state["items"])
+        if digests is not None:
+            digests[state["index"]] = tracked
+        return tracked
 
     def replay(state: dict, it: Iterator[Any]) -> Iterator[Any]:
         tracked = item_digest.Digesting(it)
