@@ -36,6 +36,8 @@ from . import lazy
 _SAMPLE = 1024
 _BUDGET = 4096
 _SCALARS = (int, float, complex, bool, type(None))
+#: values whose repr is exact and the same in every process
+_REPR_EXACT = frozenset({int, float, str, bool, type(None)})
 
 
 class _Encoder:
@@ -58,7 +60,12 @@ class _Encoder:
             self.parts.append(b"b%d:" % len(obj) + bytes(obj))
         elif t is list or t is tuple:
             self.parts.append(b"(%d" % len(obj))
-            for x in obj[:_SAMPLE]:
+            head = obj[:_SAMPLE]
+            if all(type(x) in _REPR_EXACT for x in head):  # index lists: one repr, not one call each
+                self.budget -= len(head)
+                self.parts.append(repr(head).encode())
+                return
+            for x in head:
                 self.add(x)
         elif t is dict:
             self.parts.append(b"{%d" % len(obj))

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import cloudpickle
 
-from . import (background, context, handles, iterators, lazy, libraries, module_state, open_files, process_settings, rng,
+from . import (array_views, background, context, handles, iterators, lazy, libraries, module_state, open_files, process_settings, rng,
                training_state)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
@@ -147,11 +147,19 @@ def _decided_by_type(obj: Any, t: type) -> bool:
     return not issubclass(t, type) and t is not types.FunctionType \
         and not isinstance(obj, io.IOBase) and t.__name__ != "memmap" \
         and not (torch_types is not None and isinstance(obj, torch_types.tensor)) \
-        and type(getattr(t, "_shared_state", None)) is not dict
+        and type(getattr(t, "_shared_state", None)) is not dict and not array_views.is_array(obj)
+
+
+def _fill_cell(cell: types.CellType, state: tuple) -> None:
+    cell.cell_contents = state[0]
 
 
 class ProxyPickler(cloudpickle.Pickler):
     """cloudpickle, plus the namespace-aware rules described in the module docstring."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._array_roots: set[int] = set()  # see array_views
 
     def reducer_override(self, obj: Any) -> Any:
         t = type(obj)
@@ -167,10 +175,12 @@ class ProxyPickler(cloudpickle.Pickler):
         ns, own = _SAVE_NS.get() or (None, False)
         if t is types.FunctionType and ns is not None and obj.__globals__ is ns \
                 and (own or not _should_pickle_by_reference(obj)):
-            closure = None if obj.__closure__ is None else tuple(
-                _make_empty_cell() for _ in obj.__code__.co_freevars)
+            # the cells themselves (`CellType` below), so two closures of one factory
+            # (`update, get_best = make_tracker()`) still share theirs after a restore
             state, slotstate = _function_getstate(obj)
             slotstate["__globals__"] = {}
+            slotstate["__closure__"] = None
+            closure = obj.__closure__
             return (_make_function, (obj.__code__, _NamespaceRef(), None, None, closure),
                     (state, slotstate), None, None, _function_setstate)
         if own and isinstance(obj, type) and ns is not None \
@@ -183,6 +193,13 @@ class ProxyPickler(cloudpickle.Pickler):
                 args[4] = None
                 reduced[1] = tuple(args)
             return tuple(reduced)
+        if t is types.CellType:  # made empty, then filled: a cell holding its own function is fine
+            try:
+                return _make_empty_cell, (), (obj.cell_contents,), None, None, _fill_cell
+            except ValueError:
+                return _make_empty_cell, ()
+        if array_views.is_array(obj):
+            return array_views.reduce(obj, self._array_roots)
         if isinstance(obj, io.IOBase):
             stream = _std_stream_name(obj)
             if stream is not None:
