@@ -42,6 +42,7 @@ class Controller:
         self.writer = background.Writer()
         self._lock = threading.Lock()
         self._pending: Optional[CheckpointRequest] = None
+        self._deferred_why: Optional[str] = None  # why the last safe point took no checkpoint (`defer`)
         self._at_step: Optional[tuple[int, str]] = None
         self._progress_due = False
         self._periodic_due = False
@@ -118,6 +119,9 @@ class Controller:
         spot = where.locate(self._thread_id, rt.program.filename) if rt is not None and self._thread_id else {}
         waited = now - request.requested_at
         what = "no safe point reached" if stage == "safe point" else "the ranks reached no common safe point"
+        deferred, self._deferred_why = self._deferred_why, None
+        if deferred:
+            what = f"no safe point fit for a checkpoint reached ({deferred})"
         self.emit("checkpoint_failed", {
             "error": f"{what} within {waited:.0f} s: the job is at {where.describe(spot)}. "
                      f"Safe points are at the top of the loops the engine instruments (see the job's "
@@ -125,6 +129,14 @@ class Controller:
             "variables": [], "timeout": True, "waited_s": round(waited, 3), "where": spot,
             "bound_s": None if request.deadline is None else round(request.deadline - request.requested_at, 3),
             "then": request.then, "reason": request.reason, "stage": stage})
+
+    def defer(self, request: CheckpointRequest, why: str) -> None:
+        """``request`` reached a safe point that is no place for a checkpoint (`why`): it stays
+        pending for the next one; if its bound passes first, the timeout answer says why."""
+        with self._lock:
+            self._pending = merge(request, self._pending) if self._pending is not None else request
+            self._deferred_why = why
+            self.flag = True
 
     def checkpoint_at_step(self, step: int, then: Then = "stop") -> None:
         """Checkpoint at the first safe point whose step is >= ``step`` (used by the CLI and tests)."""
@@ -190,6 +202,7 @@ class Controller:
         return mine
 
     def checkpoint_written(self) -> None:
+        self._deferred_why = None
         if self.checkpoint_every is not None:
             with self._lock:
                 self._next_periodic = time.monotonic() + self.checkpoint_every

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import cloudpickle
 
-from . import (array_views, background, context, handles, iterators, lazy, libraries, module_state, open_files, process_settings, rng,
+from . import (array_views, autograd_graphs, background, context, handles, iterators, lazy, libraries, module_state, open_files, process_settings, rng,
                training_state)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
@@ -479,6 +479,15 @@ def _variables(rt: RuntimeView) -> tuple[dict, Optional[dict]]:
         wanted = set(rt.program.local_names)
         saved_locals = {k: v for k, v in rt.fn_frame.f_locals.items() if k in wanted and k not in skip}
     return namespace, saved_locals
+
+
+def graphs_in_use(rt: RuntimeView) -> Optional[str]:
+    """Why this safe point is no place for a checkpoint (`autograd_graphs`), or None."""
+    namespace, saved_locals = _variables(rt)
+    scopes = [("", namespace), ("", saved_locals or {})]
+    for user in (rt.chain or [])[1:]:
+        scopes.append((f"in {rt.program.defs[user.fid].name}()", user.frame.f_locals))
+    return autograd_graphs.in_use(scopes)
 
 
 def _diagnose(namespace: dict, saved_locals: Optional[dict],

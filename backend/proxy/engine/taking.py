@@ -15,7 +15,7 @@ from ..checkpoint.errors import CheckpointFailure, Preempted
 from .background import Snapshot
 from .checkpoint_request import CheckpointRequest
 from .ports import RuntimeView
-from .state import write_checkpoint
+from .state import graphs_in_use, write_checkpoint
 
 
 def take(rt: RuntimeView, request: CheckpointRequest, boundary: Optional[int]) -> None:
@@ -24,11 +24,17 @@ def take(rt: RuntimeView, request: CheckpointRequest, boundary: Optional[int]) -
     started = time.monotonic()
     wait_s = max(0.0, started - request.requested_at)
     label = rt.step if request.label is None else request.label
+    in_use = graphs_in_use(rt)
+    if in_use and ctl.world_size == 1:  # wait for the next safe point (several ranks must agree: fail)
+        ctl.defer(request, in_use)
+        return
     depends_on = fingerprint.for_event()  # now, on the program's thread (see for_event)
     ctl.emit("checkpoint_started", {"step": label, "reason": request.reason, "then": request.then})
     failure: Optional[dict] = None
     behind = writes_behind(rt, request)
     try:
+        if in_use:
+            raise CheckpointFailure(in_use)
         if behind:  # snapshot now; write and report behind the loop
             snap, nbytes, rebuilt = write_checkpoint(rt, boundary, label, snapshot=True)
         else:
