@@ -53,8 +53,26 @@ class CsvWriter:
         return _new_csv_writer, self._made_from
 
 
-def _new_csv_writer(f: Any, dialect: Any, fmtparams: dict) -> CsvWriter:
+def _new_csv_writer(f: Any, dialect: Any, fmtparams: dict) -> Any:
+    if getattr(f, "closed", False):  # its file was closed before the checkpoint: writing raises, as then
+        return ClosedCsvWriter(f)
     return CsvWriter(f, dialect, **fmtparams)
+
+
+class ClosedCsvWriter:
+    """A csv writer whose file was closed when the checkpoint was taken: writing raises as it would have."""
+
+    def __init__(self, f: Any) -> None:
+        self._made_from = f
+
+    def writerow(self, row: Any) -> Any:
+        raise ValueError("I/O operation on closed file.")
+
+    def writerows(self, rows: Any) -> Any:
+        raise ValueError("I/O operation on closed file.")
+
+    def __reduce__(self) -> tuple:
+        return ClosedCsvWriter, (self._made_from,)
 
 
 def install() -> None:

@@ -59,12 +59,17 @@ class FileState:
 
 
 def is_open_file(obj: Any) -> bool:
-    """True for an open file object of the ``open()`` kind (text, buffered or raw)."""
-    return isinstance(obj, (io.TextIOWrapper, io.BufferedWriter, io.BufferedReader, io.BufferedRandom,
-                            io.FileIO)) and not obj.closed
+    """True for an open file object of the ``open()`` kind (text, buffered or raw) over a file
+    descriptor: not a text layer over a compressed stream (``gzip.open(p, "wt")``), whose
+    compressor's state is not in the file."""
+    if isinstance(obj, io.TextIOWrapper):
+        inner = obj.buffer
+        return isinstance(inner, (io.BufferedWriter, io.BufferedReader, io.BufferedRandom, io.FileIO)) \
+            and not obj.closed
+    return isinstance(obj, (io.BufferedWriter, io.BufferedReader, io.BufferedRandom, io.FileIO)) and not obj.closed
 
 
-def _writable(f: Any) -> bool:
+def writable(f: Any) -> bool:
     try:
         return bool(f.writable())
     except ValueError:
@@ -85,7 +90,7 @@ def capture(f: Any, content: bool = True) -> FileState:
         if not stat.S_ISREG(kind):
             raise FileNotCarried(f"{name!r} is not a regular file (a pipe, socket or terminal); open it in a "
                                  f"statement inside the loop, or close it before the loop")
-        if _writable(f):
+        if writable(f):
             f.flush()
         position = f.tell()
         path = os.readlink(f"/proc/self/fd/{fd}")
@@ -95,7 +100,7 @@ def capture(f: Any, content: bool = True) -> FileState:
     if path.endswith(" (deleted)"):
         raise FileNotCarried(f"the open file {name!r} was deleted from disk; a restore could not re-open it")
     data = None
-    if _writable(f):
+    if writable(f):
         size = os.fstat(fd).st_size
         if size > MAX_CONTENT_BYTES:
             raise FileNotCarried(f"{name!r} is open for writing and holds {size >> 20} MiB, more than the "

@@ -58,15 +58,14 @@ def start_stream_name(obj: Any) -> Optional[str]:
     return None
 
 
-def capture(probe: Callable[[Any], Optional[str]]) -> dict[str, Any]:
+def capture(probe: Callable[[Any], Optional[str]], redirected: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The settings to put back; ``probe(obj)`` says why ``obj`` does not pickle (None if it does)."""
     if _start["pid"] != os.getpid():  # a forked child, or begin() was never called
         begin()
     out: dict[str, Any] = {"recursion_limit": sys.getrecursionlimit(),
                            "warnings": list(warnings.filters),
                            "logging": _logging(probe),
-                           "streams": {name: getattr(sys, name) for name in _STREAMS
-                                       if getattr(sys, name) is not _start["streams"][name]}}
+                           "streams": _streams(redirected or {})}
     torch = sys.modules.get("torch")
     if torch is not None:
         out["torch"] = _torch(torch)
@@ -74,6 +73,13 @@ def capture(probe: Callable[[Any], Optional[str]]) -> dict[str, Any]:
     if np is not None and hasattr(np, "get_printoptions"):
         out["numpy"] = {"print": dict(np.get_printoptions()), "err": dict(np.geterr())}
     return out
+
+
+def _streams(redirected: dict[str, Any]) -> dict[str, Any]:
+    """The standard streams the job replaced; for one a ``redirect_stdout`` the restore enters
+    again has replaced (``redirected``), the stream it replaced."""
+    now = {name: redirected.get(name, getattr(sys, name)) for name in _STREAMS}
+    return {name: stream for name, stream in now.items() if stream is not _start["streams"][name]}
 
 
 def apply(saved: Optional[dict[str, Any]]) -> None:

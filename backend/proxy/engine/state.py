@@ -90,6 +90,8 @@ _SKIP_NAMES = frozenset({"__builtins__", "__loader__", "__spec__", "__file__"})
 #: (namespace, own): functions whose globals are ``namespace`` are saved bound to it; ``own`` says it is
 #: the program's own namespace (restored from the checkpoint, so everything defined there goes by value)
 _SAVE_NS: contextvars.ContextVar[Optional[tuple[dict, bool]]] = contextvars.ContextVar("sg_save_ns", default=None)
+#: ids of the targets of the redirect_stdout/redirect_stderr statements a checkpoint is inside
+_REDIRECT_TARGETS: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("sg_redirects", default=frozenset())
 _LOAD_NS: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("sg_load_ns", default=None)
 _PICKLE_ERRORS = (pickle.PicklingError, TypeError, AttributeError, NotImplementedError, RuntimeError, ValueError)
 
@@ -111,7 +113,12 @@ class _NamespaceRef:
 
 def _std_stream_name(obj: Any) -> Optional[str]:
     for name in ("stdout", "stderr", "stdin"):
-        if obj is getattr(sys, name, None) or obj is getattr(sys, f"__{name}__", None):
+        if obj is getattr(sys, f"__{name}__", None):
+            return name
+    for name in ("stdout", "stderr", "stdin"):
+        # a file the program opened is sys.stdout while a `redirect_stdout(f)` the safe point is
+        # inside is active: it is saved as the file it is (the restore enters the redirect again)
+        if obj is getattr(sys, name, None) and id(obj) not in _REDIRECT_TARGETS.get():
             return name
     return process_settings.start_stream_name(obj)  # what a job's tee object wraps
 
@@ -209,7 +216,10 @@ class ProxyPickler(cloudpickle.Pickler):
             if open_files.is_open_file(obj):  # re-opened with its bytes and place
                 return open_files.reduce(obj)
             if not isinstance(obj, (io.BytesIO, io.StringIO)):  # those two pickle as they are
-                raise pickle.PicklingError(f"cannot save an open stream ({obj!r}) that is not a file on disk")
+                raise pickle.PicklingError(
+                    f"cannot save an open stream ({obj!r}) that is not a plain file on disk (a compressed "
+                    f"file's compressor, a pipe or a socket has state outside the process's reach): open "
+                    f"and close it inside the loop body (append mode), or write a plain file")
         if t.__name__ == "memmap" and t.__module__ == "numpy":
             reduced = open_files.reduce_memmap(obj)
             if reduced is not NotImplemented:
@@ -438,6 +448,12 @@ def _not_reenterable(manager: Any) -> Optional[str]:
         return ("a tempfile.TemporaryDirectory: stopping the job exits the statement, which removes "
                 "the folder and what the loop wrote there. Write into a folder of the job's own (a "
                 "relative path) instead")
+    if isinstance(manager, io.IOBase) and not isinstance(manager, (io.BytesIO, io.StringIO)) \
+            and not open_files.is_open_file(manager) and not manager.closed and open_files.writable(manager):
+        return (f"{manager!r}, a stream written through something other than a plain file (a gzip, bz2 or "
+                f"lzma compressor): its state cannot be saved and a restore would open it again, "
+                f"truncating what the loop wrote. Open it in append mode inside the loop body, or write a "
+                f"plain file")
     gen = getattr(manager, "gen", None)  # a @contextmanager's generator (its func is dropped on enter)
     frame = getattr(gen, "gi_frame", None)
     if isinstance(manager, contextlib._GeneratorContextManager) and frame is not None and (
@@ -446,6 +462,22 @@ def _not_reenterable(manager: Any) -> Optional[str]:
                 "at its end; a restore would enter it again and save another state. Take the "
                 "checkpoint outside it (e.g. keep the with statement inside the loop body)")
     return None
+
+
+def _redirected_streams(rt: RuntimeView) -> dict[str, Any]:
+    """What ``sys.stdout``/``sys.stderr`` were before the active ``redirect_stdout``/``redirect_stderr``
+    of the with statements the safe point is inside: the restore enters those again, so the
+    streams to put back are the ones they replaced, not their targets."""
+    out: dict[str, Any] = {}
+    for manager in _redirects(rt):
+        out.setdefault(manager._stream, manager._old_targets[0])
+    return out
+
+
+def _redirects(rt: RuntimeView) -> list[Any]:
+    """The active redirect_stdout/redirect_stderr managers of the with statements around the safe point."""
+    return [m for frame in rt.stack for m in getattr(frame, "managers", ())
+            if isinstance(m, contextlib._RedirectStream) and m._old_targets]
 
 
 def _current_statement(rt: RuntimeView, position: list[dict]) -> int:
@@ -539,9 +571,11 @@ def write_checkpoint(rt: RuntimeView, boundary: Optional[int], label: Optional[i
     rt.ctl.writer.wait()
     globals_ = rt.fn_globals if rt.fn_globals is not None else rt.ns
     token = _SAVE_NS.set((globals_, globals_ is rt.ns))  # probes and the save pickle alike
+    redirects = _REDIRECT_TARGETS.set(frozenset(id(m._new_target) for m in _redirects(rt)))
     try:
         return _write_checkpoint(rt, boundary, rt.step if label is None else label, snapshot)
     finally:
+        _REDIRECT_TARGETS.reset(redirects)
         _SAVE_NS.reset(token)
 
 
@@ -671,7 +705,8 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         "process_group": libraries.ProcessGroupMarker.now(),
         "folder": context.carried_folder(),  # before any open file: the load rolls the folder back first
         "import_path": context.import_path(),  # before anything pickled by reference: its module may need it
-        "process": process_settings.capture(probe_setting),  # default dtype, print options, logging...: put back on restore
+        # default dtype, print options, logging...: put back on restore
+        "process": process_settings.capture(probe_setting, _redirected_streams(rt)),
         "position": position,
         "namespace": namespace if in_locals else _without(namespace, rebuild),
         "locals": _without(saved_locals, rebuild) if in_locals else None,
