@@ -71,9 +71,6 @@ class ClosedCsvWriter:
     def writerows(self, rows: Any) -> Any:
         raise ValueError("I/O operation on closed file.")
 
-    def __reduce__(self) -> tuple:
-        return ClosedCsvWriter, (self._made_from,)
-
 
 def install() -> None:
     """Make ``csv.writer`` return a `CsvWriter` (``csv.DictWriter`` calls it too): the C writer
@@ -166,10 +163,10 @@ def explain(name: str, value: Any, probe: Callable[[Any], Optional[str]], top_le
     """Advice for one variable that cannot be saved, naming the attribute that fails if there is
     one; ``top_level``: the variable is the program's own (its statement could be re-run), not a
     function's local."""
-    known = explain_known(name, value, probe)
+    path, culprit = _culprit(name, value, probe)
+    known = _known(name, value, path, culprit)
     if known:
         return known
-    path, culprit = _culprit(name, value, probe)
     kind = type(culprit).__name__
     if isinstance(culprit, types.GeneratorType):
         code = culprit.gi_code
@@ -197,6 +194,11 @@ def explain(name: str, value: Any, probe: Callable[[Any], Optional[str]], top_le
 def explain_known(name: str, value: Any, probe: Callable[[Any], Optional[str]]) -> str:
     """Advice for what a variable or a loop's iterable holds that is known to hold progress a
     checkpoint cannot save (a running thread, a csv reader), else ''."""
+    return _known(name, value, *_culprit(name, value, probe))
+
+
+def _known(name: str, value: Any, path: str, culprit: Any) -> str:
+    """`explain_known`, given the attribute of ``value`` that does not pickle (`_culprit`)."""
     thread = _live_thread(name, value)
     if thread is not None:
         path, target = thread
@@ -204,7 +206,6 @@ def explain_known(name: str, value: Any, probe: Callable[[Any], Optional[str]]) 
                 f"queue it fills, where it is in its loop) cannot be saved. Let a DataLoader prefetch "
                 f"instead (`num_workers=2`: its workers are replayed exactly), or stop and join the thread "
                 f"before the loop")
-    path, culprit = _culprit(name, value, probe)
     if type(culprit) is _CSV_READER:
         return (f"`{path}` is a csv reader, whose place in its file cannot be saved; read the rows where it "
                 f"is made (`rows = list(csv.reader(f))`), loop over it in the for statement that makes it "
