@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 import threading
 import types
 from typing import Any, Callable, Optional
 
-from .libraries import in_job_folder
+from .ownership import PROGRAM
 
 _ORIGINAL = functools.lru_cache
 
@@ -119,26 +118,8 @@ class CachedFunction:
         return f"<cached function {self.__qualname__}>"
 
 
-class _Owner:
-    """Which functions are the program's own: the run's globals, or a module of the job's folder."""
-
-    def __init__(self) -> None:
-        self.globals: Optional[dict] = None
-        self.folder: Optional[str] = None
-
-    def __call__(self, fn: Any) -> bool:
-        if not isinstance(fn, types.FunctionType) or self.globals is None:
-            return False
-        if fn.__globals__ is self.globals:
-            return True
-        return self.folder is not None and in_job_folder(os.path.realpath(fn.__code__.co_filename), [self.folder])
-
-
-_OWN = _Owner()
-
-
 def _decorate(fn: Any, maxsize: Optional[int], typed: bool) -> Any:
-    if _OWN(fn):
+    if PROGRAM(fn):
         return CachedFunction(fn, maxsize, typed)
     return _ORIGINAL(maxsize, typed)(fn)
 
@@ -157,13 +138,12 @@ def lru_cache(maxsize: Any = 128, typed: bool = False) -> Any:
 lru_cache.__wrapped__ = _ORIGINAL  # type: ignore[attr-defined]
 
 
-def install(program_globals: dict, folder: Optional[str]) -> None:
-    """From now until `uninstall`, cache decorators applied to the program's own functions make
-    `CachedFunction` s (``functools.cache`` calls ``lru_cache`` through functools' globals)."""
-    _OWN.globals, _OWN.folder = program_globals, (os.path.realpath(folder) if folder else None)
+def install() -> None:
+    """From now until `uninstall`, cache decorators applied to the program's own functions
+    (`ownership.PROGRAM`) make `CachedFunction` s (``functools.cache`` calls ``lru_cache`` through
+    functools' globals)."""
     functools.lru_cache = lru_cache  # type: ignore[assignment]
 
 
 def uninstall() -> None:
-    _OWN.globals = _OWN.folder = None
     functools.lru_cache = _ORIGINAL  # type: ignore[assignment]

@@ -122,14 +122,16 @@ class IfFrame:
 class BlockFrame:
     """Frame of a ``with`` or ``try`` body; a context manager so Python pops it on any exit."""
 
-    __slots__ = ("rt", "node", "kind", "managers", "saved_files")
+    __slots__ = ("rt", "node", "kind", "managers", "saved_files", "modes_before")
 
-    def __init__(self, rt: LoopHost, node: int, kind: str, saved_files: Optional[list] = None) -> None:
+    def __init__(self, rt: LoopHost, node: int, kind: str, saved_files: Optional[list] = None,
+                 modes_before: tuple = (None, None)) -> None:
         self.rt = rt
         self.node = node
         self.kind = kind
         self.managers: list = []  # a with statement's context managers, in item order
         self.saved_files = saved_files or []  # on restore: the checkpoint's handles of the files it wrote
+        self.modes_before = modes_before  # grad mode and decimal context before a with statement (scoped_modes.py)
 
     def __enter__(self) -> "BlockFrame":
         self.rt.stack.append(self)

@@ -8,7 +8,8 @@ silent difference. So each checkpoint records these settings and a restore puts 
 the program continues:
 
 * torch: default dtype and device, print options, float32 matmul precision, TF32 and reduced-
-  precision flags, anomaly detection (the deterministic settings are the fingerprint's);
+  precision flags, anomaly detection, flushing denormals (the deterministic settings are the
+  fingerprint's; grad mode is scoped_modes.py's);
 * numpy: print options and floating-point error handling;
 * ``warnings`` filters, the recursion limit;
 * ``sys.stdout`` / ``sys.stderr`` when the job replaced them (a "tee" object that prints to the
@@ -145,6 +146,9 @@ def _torch_settings(torch: Any) -> dict[str, tuple[Callable[[], Any], Callable[[
         out["device"] = (lambda: str(torch.get_default_device()),
                          lambda v: torch.set_default_device(None if v == "cpu" else v))
     out["matmul_precision"] = (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision)
+    # no getter: whether a denormal float32 comes out of a CPU multiplication as zero
+    out["flush_denormal"] = (lambda: torch.tensor([1e-40], dtype=torch.float32, device="cpu").mul_(1.0).item() == 0.0,
+                             torch.set_flush_denormal)
     for path in _LEGACY_FLAGS + _PRECISION_FLAGS:
         out[f"backends.{path}"] = _backend_flag(torch, path)
     return out

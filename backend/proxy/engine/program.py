@@ -12,8 +12,8 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import caches, context, handles, libraries, module_state, process_settings, training_state
-from ..checkpoint.errors import CheckpointError
+from . import caches, context, exit_handlers, handles, libraries, module_state, ownership, process_settings, scoped_modes, training_state
+from ..checkpoint.errors import CheckpointError, Preempted
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
 from .state import extract_code_globals, load_graph, rebuild_variables
@@ -249,6 +249,7 @@ class ResumableProgram:
             graph = load_graph(restore, controller.rank, globals_, self.identity)
             context.restore(graph.get("context"))  # before rebuilds: they may read relative paths
             process_settings.apply(graph.get("process"))  # the settings the skipped statements made
+            scoped_modes.apply_outer(graph.get("modes"))  # grad mode, decimal context outside the with statements
             module_state.apply(graph.get("modules"))  # config.lr = args.lr, counters in helper modules
         else:
             context.begin()
@@ -258,13 +259,21 @@ class ResumableProgram:
                           stacklevel=2)
         controller.attach(rt)
         libraries.bind(rt)
-        caches.install(globals_, self._folder())  # lru_cache on the program's functions saves its entries
+        ownership.PROGRAM.set(globals_, self._folder())
+        caches.install()  # lru_cache on the program's functions saves its entries
+        exit_handlers.install(graph.get("exit_handlers") if graph else None)  # and so do atexit handlers
+        stopped = False
         try:
             if self.kind == "source":
                 return self._run_source(rt, namespace, graph)
             return self._run_callable(rt, namespace, globals_, graph)
+        except Preempted:
+            stopped = True
+            raise
         finally:
+            exit_handlers.uninstall(ended=not stopped)
             caches.uninstall()
+            ownership.PROGRAM.set(None, None)
             libraries.bind(None)
             controller.detach()
 

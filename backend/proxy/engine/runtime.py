@@ -21,7 +21,7 @@ import time
 import warnings
 from typing import Any, Callable, Optional, Sequence
 
-from . import frames, iterators, open_files, rng, taking
+from . import frames, iterators, open_files, rng, scoped_modes, taking
 from ..checkpoint.errors import CheckpointError, Preempted
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
 from .ports import ControllerView, ProgramView
@@ -103,6 +103,7 @@ class Runtime:
 
     def _finish_restore(self) -> None:
         rng.apply(self._restore_rng)
+        scoped_modes.apply_inner()  # grad mode, decimal context: as they were at the safe point
         self.restoring = False
         self._path = []
         self._saved_scope = {}
@@ -239,8 +240,8 @@ class Runtime:
             return BlockFrame(DORMANT, node, "with")
         if self.restoring:
             rec, _ = self._take(node)
-            return BlockFrame(self, node, "with", rec.get("files"))
-        return BlockFrame(self, node, "with")
+            return BlockFrame(self, node, "with", rec.get("files"), scoped_modes.current())
+        return BlockFrame(self, node, "with", None, scoped_modes.current())
 
     def enter_try(self, node: int) -> BlockFrame:
         if self._elsewhere():

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import cloudpickle
 
-from . import (array_views, autograd_graphs, background, context, handles, iterators, lazy, libraries, module_state, open_files, process_settings, rng,
+from . import (array_views, autograd_graphs, background, context, exit_handlers, handles, iterators, lazy, libraries, module_state, open_files, process_settings, rng, scoped_modes,
                training_state)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
@@ -707,10 +707,13 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         "import_path": context.import_path(),  # before anything pickled by reference: its module may need it
         # default dtype, print options, logging...: put back on restore
         "process": process_settings.capture(probe_setting, _redirected_streams(rt)),
+        # grad mode, decimal context: outside the with statements a restore enters again, and inside
+        "modes": scoped_modes.capture([f for f in rt.stack if getattr(f, "kind", None) == "with"]),
         "position": position,
         "namespace": namespace if in_locals else _without(namespace, rebuild),
         "locals": _without(saved_locals, rebuild) if in_locals else None,
         "modules": module_state.capture(_job_folders(rt), probe_setting),  # config.lr = args.lr: set again on restore
+        "exit_handlers": exit_handlers.capture(probe_setting),  # atexit.register(write_summary): run at the real end
         "rng": rng.capture(full=True),
         "context": context.capture(),  # argv, cwd, env changes: redone by program.run on restore
         "rebuild": [{"index": i, "names": sorted(n)} for i, n in sorted(by_statement.items())],

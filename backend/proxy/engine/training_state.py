@@ -11,7 +11,14 @@ on, silently or with a crash several lines later:
 * a `GradScaler`'s per-optimizer bookkeeping between ``unscale_``/``step`` and ``update()``
   (keyed by ``id(optimizer)``, which a restore changes; its own ``__getstate__`` refuses);
 * a live DataLoader iterator held in a variable or an attribute (``self.it = iter(loader)``):
-  not picklable at all, so it used to be "rebuilt" from the start of the epoch.
+  not picklable at all, so it used to be "rebuilt" from the start of the epoch;
+* a module with parametrizations (``weight_norm``, ``spectral_norm``): its class is made on the
+  fly, and its ``__getstate__`` refuses (torch only supports its ``state_dict()``);
+* hooks on a tensor (``p.register_hook(clip)``, ``register_post_accumulate_grad_hook``):
+  torch never pickles them ("Don't serialize hooks"), so a gradient-clamping hook silently
+  stopped after a restore; and the counter their handles' ids come from
+  (``RemovableHandle.next_id``), so a hook registered after a restore does not take the id, and
+  replace, one the checkpoint brought back (a module's hooks too).
 
 `reduce` gives the checkpoint pickler a reduction for each of these, and `Tail` is the last
 entry of the checkpoint graph: by the time it is pickled every tensor and optimizer of the graph
@@ -26,6 +33,7 @@ import contextvars
 import copyreg
 import functools
 import pickle
+import sys
 import weakref
 from typing import Any, Iterator, Optional
 
@@ -39,6 +47,7 @@ class Tail:
 
     def __init__(self) -> None:
         self.grads: list[tuple[Any, Any]] = []
+        self.hooks: list[tuple[Any, Any, Any]] = []  # (leaf tensor, backward hooks, post-accumulate hooks)
         self._seen: set[int] = set()
         self.optimizers: dict[int, Any] = {}
         self.scalers: list[tuple[Any, dict[int, Any]]] = []
@@ -57,6 +66,10 @@ class Tail:
         grad = t.grad if t.is_leaf or t.retains_grad else None
         if grad is not None:
             self.grads.append((t, grad))
+        if t.grad_fn is None:  # a non-leaf's hooks belong to a graph, which is never saved
+            hooks, post = t._backward_hooks, getattr(t, "_post_accumulate_grad_hooks", None)
+            if hooks or post:
+                self.hooks.append((t, hooks or None, post or None))
 
     def __reduce__(self) -> tuple:
         # pickled last: every tensor and optimizer below is a memo reference to the same object
@@ -68,7 +81,12 @@ class Tail:
                     "a GradScaler is between scaler.unscale_()/step() and scaler.update() for an "
                     "optimizer that is not part of the job's state; checkpoint at the next iteration")
             scalers.append((scaler, [(self.optimizers[k], v) for k, v in states.items()]))
-        return _attach, (self.grads, scalers)
+        return _attach, (self.grads, scalers, self.hooks, _next_hook_id())
+
+
+def _next_hook_id() -> int:
+    hooks = sys.modules.get("torch.utils.hooks")  # not loaded: no handle was made (torch stays unloaded)
+    return hooks.RemovableHandle.next_id if hooks is not None else 0
 
 
 def note_tensor(t: Any) -> None:
@@ -78,9 +96,19 @@ def note_tensor(t: Any) -> None:
         tail.note_tensor(t)
 
 
-def _attach(grads: list, scalers: list) -> None:
+def _attach(grads: list, scalers: list, hooks: list = (), next_hook_id: int = 0) -> None:
     for t, g in grads:
         t.grad = g
+    for t, backward, post in hooks:
+        # the saved dicts themselves: a saved handle's `remove()` still finds its hook
+        if backward is not None:
+            t._backward_hooks = backward
+        if post is not None:
+            t._post_accumulate_grad_hooks = post
+    if next_hook_id:
+        from torch.utils.hooks import RemovableHandle
+
+        RemovableHandle.next_id = max(RemovableHandle.next_id, next_hook_id)
     for scaler, states in scalers:
         scaler._per_optimizer_states.update({id(opt): st for opt, st in states})
     return None
@@ -105,7 +133,35 @@ def reduce(obj: Any) -> Any:
         return _reduce_scaler(obj)
     if isinstance(obj, _loader_iter_type()):
         return _reduce_loader_iter(obj)
+    if isinstance(obj, torch.nn.Module) and _parametrized_class(type(obj)):
+        return _reduce_parametrized(obj)
     return NotImplemented
+
+
+# --------------------------------------------------------------------------- parametrized modules
+def _parametrized_class(cls: type) -> bool:
+    """Whether ``cls`` is the class `torch.nn.utils.parametrize` made for one module (``weight_norm``,
+    ``spectral_norm``, ``orthogonal``): made on the fly, it cannot be pickled by name, and its
+    ``__getstate__`` refuses."""
+    getstate = cls.__dict__.get("__getstate__")
+    return getattr(getstate, "__qualname__", "") == "_inject_new_class.<locals>.getstate"
+
+
+def _reduce_parametrized(module: Any) -> tuple:
+    # the module's own state (its `parametrizations` hold the original tensors and, for
+    # spectral_norm, the power iteration's vectors), on a class made again the way torch makes it
+    names = tuple(module.parametrizations.keys())
+    return _parametrized_module, (type(module).__bases__[0], names), dict(module.__dict__)
+
+
+def _parametrized_module(base: type, names: tuple[str, ...]) -> Any:
+    from torch.nn.utils import parametrize
+
+    module = base.__new__(base)
+    parametrize._inject_new_class(module)
+    for name in names:
+        parametrize._inject_property(module, name)
+    return module
 
 
 def _reduce_plain(obj: Any) -> tuple:

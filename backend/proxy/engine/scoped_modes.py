@@ -1,0 +1,66 @@
+"""Thread-wide modes that ``with`` statements switch and scripts also set by a plain call: autograd's
+grad mode and the ``decimal`` context.
+
+``torch.set_grad_enabled(False)`` at the top of an evaluation script, or
+``decimal.getcontext().prec = 6``, runs once; a restore does not run it again and the new
+process starts with grad mode on and 28 digits: tensors made after it required grad, sums came
+out with other digits, a silent difference. Saving the value at the safe point is not enough
+either: a restore enters the ``with`` statements around the safe point again
+(``with torch.enable_grad():``), and each remembers the mode it found, to put back at its end.
+So a checkpoint records each mode twice: before the outermost ``with`` statement around the safe
+point (put back before the restore enters them: `apply_outer`) and at the safe point (put back once
+it has: `apply_inner`, when the restore reaches its position).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional, Sequence
+
+_pending: dict[str, Any] = {}
+
+
+def current() -> tuple[Optional[bool], Any]:
+    """(autograd's grad mode, the decimal context) of this thread; None for a library not loaded
+    (never loads one). A with statement's frame keeps what they were before it (``modes_before``)."""
+    torch = sys.modules.get("torch")
+    decimal = sys.modules.get("decimal")
+    return (torch.is_grad_enabled() if torch is not None else None,
+            decimal.getcontext() if decimal is not None else None)
+
+
+def capture(withs: Sequence[Any]) -> dict[str, tuple[Any, Any]]:
+    """name -> (outer, inner) for the modes of the loaded libraries; ``withs``: the frames of the
+    with statements around the safe point, outermost first. The decimal context is kept as the
+    object itself: the one a ``localcontext()`` puts back at its end, which the program may have
+    changed since, and the one a variable (``ctx = decimal.getcontext()``) may hold."""
+    now = current()
+    before = withs[0].modes_before if withs else now
+    out: dict[str, tuple[Any, Any]] = {}
+    for index, name in enumerate(("grad", "decimal")):
+        if now[index] is not None:
+            out[name] = (before[index] if before[index] is not None else now[index], now[index])
+    return out
+
+
+def apply_outer(saved: Optional[dict]) -> None:
+    """Before a restore enters the with statements again: the modes outside them."""
+    _pending.clear()
+    _set({name: outer for name, (outer, _inner) in (saved or {}).items()})
+    _pending.update({name: inner for name, (_outer, inner) in (saved or {}).items()})
+
+
+def apply_inner() -> None:
+    """Once the restore has reached the safe point: the modes there."""
+    _set(_pending)
+    _pending.clear()
+
+
+def _set(values: dict[str, Any]) -> None:
+    if "grad" in values:
+        import torch
+
+        torch.set_grad_enabled(values["grad"])
+    if "decimal" in values:
+        import decimal
+
+        decimal.setcontext(values["decimal"])
