@@ -1,6 +1,7 @@
-"""State a script sets up once, before its loop, that lives outside its variables: hooks on
-parameters, ``atexit`` handlers, grad mode and the ``decimal`` context set by plain calls,
-flushing denormals, modules with parametrizations. A restore does not run those statements
+"""State a script sets up once, before its loop, that lives outside its variables or refers to
+the process: hooks on parameters, ``atexit`` handlers, grad mode and the ``decimal`` context set
+by plain calls, flushing denormals, modules with parametrizations, dicts and sets keyed by
+``id(param)``. A restore does not run those statements
 again, so each used to be lost (a gradient-clamping hook stopped, the run's summary was written
 at the preemption and never again, tensors required grad again) or made the checkpoint fail
 (``weight_norm``). Found by running realistic scripts at random stops."""
@@ -117,7 +118,47 @@ for step in range(8):
     print(step, loss.item())
 """
 
-SCRIPTS = {"hooks": HOOKS, "atexit": ATEXIT, "modes": MODES, "parametrized": PARAMETRIZED}
+ID_KEYS = """
+import torch
+
+class MyMomentum:
+    def __init__(self, params, lr):
+        self.params = list(params)
+        self.lr = lr
+        self.buffers = {id(p): torch.zeros_like(p) for p in self.params}
+        self.frozen = set()
+
+    def freeze(self, p):
+        self.frozen.add(id(p))
+
+    def step(self):
+        with torch.no_grad():
+            for p in self.params:
+                if id(p) in self.frozen:
+                    continue
+                b = self.buffers[id(p)]
+                b.mul_(0.9).add_(p.grad)
+                p.sub_(self.lr * b)
+
+def main():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = MyMomentum(model.parameters(), 0.05)
+    opt.freeze(model[0].bias)
+    names = {id(p): n for n, p in model.named_parameters()}
+    x, y = torch.randn(32, 4), torch.randn(32, 1)
+    for step in range(8):
+        model.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        print(step, round(loss.item(), 7), names.get(id(model[2].weight)))
+
+if __name__ == "__main__":
+    main()
+"""
+
+SCRIPTS = {"hooks": HOOKS, "atexit": ATEXIT, "modes": MODES, "parametrized": PARAMETRIZED, "id_keys": ID_KEYS}
 
 
 def _plain(script, cwd) -> str:

@@ -696,7 +696,8 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
     for name, index in rebuild.items():
         by_statement.setdefault(index, []).append(name)
     in_locals = saved_locals is not None
-    return {
+    tail = training_state.Tail()
+    graph = {
         "format": GRAPH_FORMAT,
         "program": rt.program.identity,
         "step": rt.step,
@@ -723,8 +724,10 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
                  "filename": rt.program.filename},
         "fingerprint": fingerprint.capture(libraries.rewritten_distributions()),  # what an exact resume depends on: checked on restore
         # last: refers back to the tensors and optimizers above (grads, a GradScaler's pending state)
-        "tail": training_state.Tail(),
+        "tail": tail,
     }
+    tail.roots = [graph["namespace"], graph["locals"], graph["modules"], position]
+    return graph
 
 
 def _job_folders(rt: RuntimeView) -> list[str]:

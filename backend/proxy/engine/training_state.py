@@ -18,7 +18,8 @@ on, silently or with a crash several lines later:
   torch never pickles them ("Don't serialize hooks"), so a gradient-clamping hook silently
   stopped after a restore; and the counter their handles' ids come from
   (``RemovableHandle.next_id``), so a hook registered after a restore does not take the id, and
-  replace, one the checkpoint brought back (a module's hooks too).
+  replace, one the checkpoint brought back (a module's hooks too);
+* a dict or set keyed by ``id(obj)`` (id_keys.py): its keys are the old process's addresses.
 
 `reduce` gives the checkpoint pickler a reduction for each of these, and `Tail` is the last
 entry of the checkpoint graph: by the time it is pickled every tensor and optimizer of the graph
@@ -37,7 +38,7 @@ import sys
 import weakref
 from typing import Any, Iterator, Optional
 
-from . import iterators, lazy, rng
+from . import id_keys, iterators, lazy, rng
 
 _NOTES: contextvars.ContextVar[Optional["Tail"]] = contextvars.ContextVar("sg_training_tail", default=None)
 
@@ -48,7 +49,9 @@ class Tail:
     def __init__(self) -> None:
         self.grads: list[tuple[Any, Any]] = []
         self.hooks: list[tuple[Any, Any, Any]] = []  # (leaf tensor, backward hooks, post-accumulate hooks)
-        self._seen: set[int] = set()
+        self._seen: dict[int, Any] = {}  # id -> every tensor the graph holds
+        #: what the program's state is reached from (set by the graph): walked for id-keyed dicts
+        self.roots: list[Any] = []
         self.optimizers: dict[int, Any] = {}
         self.scalers: list[tuple[Any, dict[int, Any]]] = []
 
@@ -62,7 +65,7 @@ class Tail:
     def note_tensor(self, t: Any) -> None:
         if id(t) in self._seen:
             return
-        self._seen.add(id(t))
+        self._seen[id(t)] = t
         grad = t.grad if t.is_leaf or t.retains_grad else None
         if grad is not None:
             self.grads.append((t, grad))
@@ -81,7 +84,8 @@ class Tail:
                     "a GradScaler is between scaler.unscale_()/step() and scaler.update() for an "
                     "optimizer that is not part of the job's state; checkpoint at the next iteration")
             scalers.append((scaler, [(self.optimizers[k], v) for k, v in states.items()]))
-        return _attach, (self.grads, scalers, self.hooks, _next_hook_id())
+        rekeys = id_keys.find(self.roots, self._seen)  # {id(p): ...}: keyed again by the new ids
+        return _attach, (self.grads, scalers, self.hooks, _next_hook_id(), rekeys)
 
 
 def _next_hook_id() -> int:
@@ -96,7 +100,8 @@ def note_tensor(t: Any) -> None:
         tail.note_tensor(t)
 
 
-def _attach(grads: list, scalers: list, hooks: list = (), next_hook_id: int = 0) -> None:
+def _attach(grads: list, scalers: list, hooks: list = (), next_hook_id: int = 0, rekeys: list = ()) -> None:
+    id_keys.rekey(rekeys)
     for t, g in grads:
         t.grad = g
     for t, backward, post in hooks:
