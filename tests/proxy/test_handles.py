@@ -205,3 +205,19 @@ def test_a_generator_gets_advice_that_fits_the_code_at_hand():
 
     advice = handles.explain("batches", forever([1, 2]), probe, top_level=False)
     assert "generator from forever()" in advice and "iter(loader)" in advice
+
+
+def test_a_coroutine_driven_with_send_gets_advice_for_coroutines():
+    def averager():
+        total, count, avg = 0.0, 0, None
+        while True:
+            value = yield avg
+            total += value
+            count += 1
+            avg = total / count
+
+    avg = averager()
+    next(avg)
+    avg.send(1.0)
+    advice = handles.explain("avg", avg, probe)
+    assert "coroutine from averager()" in advice and "send(" in advice and "iter(loader)" not in advice

@@ -21,6 +21,7 @@ Anything else that does not pickle is refused, with advice that names the attrib
 from __future__ import annotations
 
 import csv
+import dis
 import pickle
 import threading
 import types
@@ -168,6 +169,13 @@ def explain(name: str, value: Any, probe: Callable[[Any], Optional[str]], top_le
     if known:
         return known
     kind = type(culprit).__name__
+    if isinstance(culprit, types.GeneratorType) and _receives_values(culprit.gi_code):
+        code = culprit.gi_code
+        return (f"`{path}` is a coroutine from {code.co_name}() (line {code.co_firstlineno}): it receives values "
+                f"through `send()`, and where it stopped cannot be saved; keep its state in an object "
+                f"instead, a class whose method does with each value what the body does after `yield` "
+                f"(e.g. `def send(self, value): self.total += value; self.count += 1; return self.total / "
+                f"self.count`), so the checkpoint saves its attributes")
     if isinstance(culprit, types.GeneratorType):
         code = culprit.gi_code
         return (f"`{path}` is a generator from {code.co_name}() (line {code.co_firstlineno}), and where a "
@@ -189,6 +197,20 @@ def explain(name: str, value: Any, probe: Callable[[Any], Optional[str]], top_le
                 f"restore; create it at the top level of the script, or `del {name}` before the loop")
     return (f"`{name}` ({kind}) cannot be saved and re-creating it could resume differently; close it or "
             f"`del {name}` before the loop, or create and close it inside the loop body")
+
+
+def _receives_values(code: types.CodeType) -> bool:
+    """Whether a generator's code uses what a ``yield`` expression gives back (``value = yield avg``):
+    a coroutine driven with ``send()``, not an iterator (whose ``yield x`` result is dropped)."""
+    after_yield = False
+    for ins in dis.get_instructions(code):
+        if ins.opname == "YIELD_VALUE":
+            after_yield = True
+        elif after_yield and ins.opname not in ("RESUME", "CACHE", "NOP"):
+            if ins.opname != "POP_TOP" and not ins.opname.startswith("JUMP_BACKWARD"):  # (a `yield from` loop)
+                return True
+            after_yield = False
+    return False
 
 
 def explain_known(name: str, value: Any, probe: Callable[[Any], Optional[str]]) -> str:
