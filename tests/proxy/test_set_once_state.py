@@ -1,7 +1,7 @@
 """State a script sets up once, before its loop, that lives outside its variables or refers to
 the process: hooks on parameters, ``atexit`` handlers, grad mode and the ``decimal`` context set
 by plain calls, flushing denormals, modules with parametrizations, dicts and sets keyed by
-``id(param)``. A restore does not run those statements
+``id(param)``, patched library functions and methods (``F.gelu = my_gelu``). A restore does not run those statements
 again, so each used to be lost (a gradient-clamping hook stopped, the run's summary was written
 at the preemption and never again, tensors required grad again) or made the checkpoint fail
 (``weight_norm``). Found by running realistic scripts at random stops."""
@@ -158,7 +158,47 @@ if __name__ == "__main__":
     main()
 """
 
-SCRIPTS = {"hooks": HOOKS, "atexit": ATEXIT, "modes": MODES, "parametrized": PARAMETRIZED, "id_keys": ID_KEYS}
+PATCHES = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+torch.backends.cudnn.deterministic = True   # a module that is an instance of a subclass
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return F.gelu(self.fc(x))
+
+
+def tanh_gelu(x, approximate="none"):
+    return 0.5 * x * (1 + torch.tanh(0.79788456 * (x + 0.044715 * x ** 3)))
+
+
+def main():
+    torch.manual_seed(0)
+    torch.backends.cudnn.benchmark = False
+    F.gelu = tanh_gelu                                   # a patched library function
+    nn.Linear.extra_repr = lambda self: "patched"        # a patched library method
+    model = nn.Sequential(Block(), Block())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 4)
+    for step in range(6):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        print(step, loss.item(), repr(model[0].fc), torch.backends.cudnn.deterministic)
+
+
+main()
+"""
+
+SCRIPTS = {"hooks": HOOKS, "patches": PATCHES, "atexit": ATEXIT, "modes": MODES, "parametrized": PARAMETRIZED, "id_keys": ID_KEYS}
 
 
 def _plain(script, cwd) -> str:

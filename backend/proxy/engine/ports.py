@@ -18,6 +18,7 @@ class ProgramView(Protocol):
 
     filename: str
     identity: str
+    patched_attributes: tuple  # library_patches.candidates
 
     @property
     def nodes(self) -> dict: ...

@@ -12,7 +12,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import caches, context, exit_handlers, handles, libraries, module_state, ownership, process_settings, scoped_modes, training_state
+from . import caches, context, exit_handlers, handles, libraries, library_patches, module_state, ownership, process_settings, scoped_modes, training_state
 from ..checkpoint.errors import CheckpointError, Preempted
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
@@ -65,6 +65,8 @@ class ResumableProgram:
         self.filename = filename
         self.identity = identity
         self._rewritten = rewritten
+        #: `a.b.attr = ...` statements: monkeypatches of libraries, set again on restore
+        self.patched_attributes = library_patches.candidates(rewritten.tree) if rewritten else ()
         self._code = code
         self.fn = fn
         self.args = tuple(args)
@@ -251,6 +253,7 @@ class ResumableProgram:
             process_settings.apply(graph.get("process"))  # the settings the skipped statements made
             scoped_modes.apply_outer(graph.get("modes"))  # grad mode, decimal context outside the with statements
             module_state.apply(graph.get("modules"))  # config.lr = args.lr, counters in helper modules
+            library_patches.apply(graph.get("patches"))  # F.gelu = my_gelu
         else:
             context.begin()
             process_settings.begin()

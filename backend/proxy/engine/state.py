@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import cloudpickle
 
-from . import (array_views, autograd_graphs, background, context, exit_handlers, handles, iterators, lazy, libraries, module_state, open_files, process_settings, rng, scoped_modes,
+from . import (array_views, autograd_graphs, background, context, exit_handlers, handles, iterators, lazy, libraries, library_patches, module_state, open_files, process_settings, rng, scoped_modes,
                training_state)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
@@ -152,7 +152,7 @@ def _decided_by_type(obj: Any, t: type) -> bool:
     all of them but these look at the type alone."""
     torch_types = lazy.torch_types()
     return not issubclass(t, type) and t is not types.FunctionType \
-        and not isinstance(obj, io.IOBase) and t.__name__ != "memmap" \
+        and not isinstance(obj, (io.IOBase, types.ModuleType)) and t.__name__ != "memmap" \
         and not (torch_types is not None and isinstance(obj, torch_types.tensor)) \
         and type(getattr(t, "_shared_state", None)) is not dict and not array_views.is_array(obj)
 
@@ -200,6 +200,11 @@ class ProxyPickler(cloudpickle.Pickler):
                 args[4] = None
                 reduced[1] = tuple(args)
             return tuple(reduced)
+        if isinstance(obj, types.ModuleType) and t is not types.ModuleType \
+                and sys.modules.get(obj.__name__) is obj:
+            # a module that is an instance of a subclass (torch.backends.cudnn): by name, as
+            # cloudpickle does plain modules (it fails on these, and on every function using one)
+            return importlib.import_module, (obj.__name__,)
         if t is types.CellType:  # made empty, then filled: a cell holding its own function is fine
             try:
                 return _make_empty_cell, (), (obj.cell_contents,), None, None, _fill_cell
@@ -714,6 +719,7 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         "namespace": namespace if in_locals else _without(namespace, rebuild),
         "locals": _without(saved_locals, rebuild) if in_locals else None,
         "modules": module_state.capture(_job_folders(rt), probe_setting),  # config.lr = args.lr: set again on restore
+        "patches": library_patches.capture(rt.fn_globals or rt.ns, rt.program.patched_attributes, probe_setting),
         "exit_handlers": exit_handlers.capture(probe_setting),  # atexit.register(write_summary): run at the real end
         "rng": rng.capture(full=True),
         "context": context.capture(),  # argv, cwd, env changes: redone by program.run on restore
