@@ -12,7 +12,8 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import caches, context, exit_handlers, handles, libraries, library_patches, module_state, ownership, process_settings, scoped_modes, training_state
+from . import (caches, context, exit_handlers, handles, libraries, library_patches, module_state, ownership,
+               process_settings, scoped_modes, training_state)
 from ..checkpoint.errors import CheckpointError, Preempted
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant

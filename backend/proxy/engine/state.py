@@ -52,8 +52,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import cloudpickle
 
-from . import (array_views, autograd_graphs, background, context, exit_handlers, handles, iterators, lazy, libraries, library_patches, module_state, open_files, process_settings, rng, scoped_modes,
-               training_state)
+from . import (array_views, autograd_graphs, background, context, exit_handlers, handles, iterators, lazy, libraries,
+               library_patches, module_state, open_files, process_settings, rng, scoped_modes, training_state)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
