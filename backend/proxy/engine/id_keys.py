@@ -10,7 +10,8 @@ objects its graph reaches within a bounded walk, and records, for each key that 
 object the checkpoint saves, that object; the load puts the restored object's id in its place,
 keeping the dict's order.
 
-Only containers reachable within `LIMIT` objects of the program's variables are found, and a key
+Only containers reachable within `LIMIT` objects of the program's variables are found (a list or
+dict of more than 1,000 entries that starts with plain values is not walked into), and a key
 whose object the checkpoint does not save (an object since freed) stays as it is: it would
 match nothing in the uninterrupted run either. A frozenset of ids is not re-keyed.
 """
@@ -24,6 +25,7 @@ from typing import Any, Iterable
 #: the walk stops after this many objects (a model's modules, attributes and containers)
 LIMIT = 20_000
 _ID_MIN = 1 << 32
+_LONG = 1_000
 #: values with nothing inside to walk
 _ATOMS = frozenset({int, float, complex, bool, str, bytes, bytearray, type(None), range, slice,
                     types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType, type})
@@ -46,6 +48,14 @@ def _skipped_attributes(obj: Any) -> frozenset:
     return _module_internals
 
 
+def _inside(values: Any, size: int) -> Iterable[Any]:
+    """What to walk among a container's values: nothing in a long one that starts with plain
+    values (a vocabulary, a list of token ids), where walking would cost more than pickling."""
+    if size > _LONG and all(type(v) in _ATOMS for v in itertools.islice(values, 8)):
+        return ()
+    return (v for v in values if type(v) not in _ATOMS)
+
+
 def find(roots: Iterable[Any], known: dict[int, Any]) -> list[tuple[Any, list[tuple[int, Any]]]]:
     """``[(container, [(old key, object), ...])]`` for the id-keyed dicts and sets reachable from
     ``roots``; ``known``: more objects the checkpoint saves, by id (its tensors)."""
@@ -62,9 +72,9 @@ def find(roots: Iterable[Any], known: dict[int, Any]) -> list[tuple[Any, list[tu
         if isinstance(obj, dict):
             if obj and _looks_like_id(next(iter(obj))):
                 candidates.append(obj)
-            stack.extend(v for v in obj.values() if type(v) not in _ATOMS)
+            stack.extend(_inside(obj.values(), len(obj)))
         elif type(obj) in (list, tuple):
-            stack.extend(v for v in obj if type(v) not in _ATOMS)
+            stack.extend(_inside(obj, len(obj)))
         elif isinstance(obj, set):  # (a frozenset cannot be re-keyed in place)
             if any(_looks_like_id(k) for k in itertools.islice(obj, 8)):
                 candidates.append(obj)
