@@ -1,7 +1,8 @@
 """State a script sets up once, before its loop, that lives outside its variables or refers to
 the process: hooks on parameters, ``atexit`` handlers, grad mode and the ``decimal`` context set
 by plain calls, flushing denormals, modules with parametrizations, dicts and sets keyed by
-``id(param)``, patched library functions and methods (``F.gelu = my_gelu``). A restore does not run those statements
+``id(param)``, patched library functions and methods (``F.gelu = my_gelu``), and settings a
+with statement switches around the safe point (``np.printoptions``, ``warnings.catch_warnings``). A restore does not run those statements
 again, so each used to be lost (a gradient-clamping hook stopped, the run's summary was written
 at the preemption and never again, tensors required grad again) or made the checkpoint fail
 (``weight_norm``). Found by running realistic scripts at random stops."""
@@ -198,7 +199,40 @@ def main():
 main()
 """
 
-SCRIPTS = {"hooks": HOOKS, "patches": PATCHES, "atexit": ATEXIT, "modes": MODES, "parametrized": PARAMETRIZED, "id_keys": ID_KEYS}
+SWITCHED = """
+import warnings
+import numpy as np
+import torch
+
+x = np.array([1 / 3, 2 / 3])
+np.seterr(all="raise")
+with np.printoptions(precision=3):
+    for epoch in range(2):
+        print("in block", x * epoch)
+print("after block", x)
+with np.errstate(divide="ignore"):
+    for k in range(2):
+        print(k, np.log(np.array([0.0, 1.0 + k])))
+try:
+    np.log(np.array([0.0]))
+except FloatingPointError as e:
+    print("after block: raised", e)
+with warnings.catch_warnings():
+    warnings.simplefilter("error")          # a plain call inside: not run again by a restore
+    for k in range(2):
+        print("strict", k, warnings.filters[0][0])
+print("after block", warnings.filters[0][0] if warnings.filters else None)
+with torch.autograd.detect_anomaly(check_nan=False):
+    for k in range(2):
+        print("debug", k, torch.is_anomaly_enabled())
+print("after block: anomaly", torch.is_anomaly_enabled())
+with torch.device("meta"):
+    for k in range(2):
+        print("in block", k, torch.zeros(2).device)
+print("after block:", torch.zeros(2).device)
+"""
+
+SCRIPTS = {"hooks": HOOKS, "switched": SWITCHED, "patches": PATCHES, "atexit": ATEXIT, "modes": MODES, "parametrized": PARAMETRIZED, "id_keys": ID_KEYS}
 
 
 def _plain(script, cwd) -> str:
@@ -222,6 +256,9 @@ def test_state_set_before_the_loop_survives_restores(launcher, tmp_path, name):
     if name == "modes":  # inside each with statement's loop: they are entered again on restore
         inner = [t["step"] for t in trace if t["kind"] == "loop" and len(t["loops"]) == 2]
         stops |= {inner[3], inner[6]}
+    if name == "switched":  # in the last iteration of each with statement's loop
+        last_of_line = {t["line"]: t["step"] for t in trace if t["kind"] == "loop"}
+        stops |= set(last_of_line.values())
     (chain_dir / "summary.json").unlink(missing_ok=True)
     out, _ = run_chain(launcher, target, sorted(stops), chain_dir / "ck")
     assert out == expected

@@ -21,7 +21,7 @@ import time
 import warnings
 from typing import Any, Callable, Optional, Sequence
 
-from . import frames, iterators, open_files, rng, scoped_modes, taking
+from . import frames, iterators, open_files, process_settings, rng, scoped_modes, taking
 from ..checkpoint.errors import CheckpointError, Preempted
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
 from .ports import ControllerView, ProgramView
@@ -262,6 +262,8 @@ class Runtime:
             return manager
         index = len(frame.managers)
         frame.managers.append(manager)
+        if frame.settings_before is None and process_settings.switches_settings(manager):
+            frame.settings_before = process_settings.snapshot()  # what it will put back at its end
         if not self.restoring or not isinstance(manager, io.IOBase):
             return manager
         line = self.program.nodes[node].line

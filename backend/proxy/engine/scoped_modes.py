@@ -1,5 +1,7 @@
-"""Thread-wide modes that ``with`` statements switch and scripts also set by a plain call: autograd's
-grad mode and the ``decimal`` context.
+"""Modes and settings that ``with`` statements switch and scripts also set by a plain call: autograd's
+grad mode, the ``decimal`` context, and the process settings of process_settings.py that a with
+statement switches (``np.printoptions``, ``np.errstate``, ``warnings.catch_warnings``,
+``torch.autograd.detect_anomaly``, ``with torch.device("meta")``).
 
 ``torch.set_grad_enabled(False)`` at the top of an evaluation script, or
 ``decimal.getcontext().prec = 6``, runs once; a restore does not run it again and the new
@@ -9,12 +11,17 @@ either: a restore enters the ``with`` statements around the safe point again
 (``with torch.enable_grad():``), and each remembers the mode it found, to put back at its end.
 So a checkpoint records each mode twice: before the outermost ``with`` statement around the safe
 point (put back before the restore enters them: `apply_outer`) and at the safe point (put back once
-it has: `apply_inner`, when the restore reaches its position).
+it has: `apply_inner`, when the restore reaches its position). The settings are recorded before
+a with statement only when one of its context managers switches them
+(`process_settings.switches_settings`: ~30 us then), and at the safe point only when such a
+statement is around it (the checkpoint's ``process`` has them too, applied first).
 """
 from __future__ import annotations
 
 import sys
 from typing import Any, Optional, Sequence
+
+from . import process_settings
 
 _pending: dict[str, Any] = {}
 
@@ -39,6 +46,9 @@ def capture(withs: Sequence[Any]) -> dict[str, tuple[Any, Any]]:
     for index, name in enumerate(("grad", "decimal")):
         if now[index] is not None:
             out[name] = (before[index] if before[index] is not None else now[index], now[index])
+    switched = [frame.settings_before for frame in withs if frame.settings_before is not None]
+    if switched:
+        out["settings"] = (switched[0], process_settings.snapshot())
     return out
 
 
@@ -56,6 +66,8 @@ def apply_inner() -> None:
 
 
 def _set(values: dict[str, Any]) -> None:
+    if "settings" in values:
+        process_settings.apply_switchable(values["settings"])
     if "grad" in values:
         import torch
 
