@@ -135,3 +135,81 @@ def test_replays_of_iterators_that_read_only_what_the_body_leaves_alone_resume_e
         stops = pick_stops(trace, seed, extra=3)
         out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
         assert out == base.stdout, f"seed {seed}, stops {stops}"
+
+
+# An iterable whose __iter__ changes it: a restore runs __iter__ again to replay the iterator, on
+# the object as the checkpoint has it (its epoch already counted, its list already shuffled).
+# These resumed with another order, silently, before (red-team round 3).
+EPOCH_IN_ITER = """
+import random
+
+class EpochShuffler:
+    # reshuffles with a fresh per-epoch seed on every pass
+    def __init__(self, items, seed=0):
+        self.items, self.seed, self.epoch = list(items), seed, 0
+    def __iter__(self):
+        self.epoch += 1
+        order = self.items[:]
+        random.Random(self.seed + self.epoch).shuffle(order)
+        return iter(order)
+
+data = EpochShuffler(range(6))
+for epoch in range(3):
+    for x in data:
+        print(epoch, data.epoch, x)
+"""
+
+SAMPLER_EPOCH_IN_ITER = """
+import torch
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+
+class EpochSampler(Sampler):
+    # a per-epoch shuffle, like DistributedSampler, but it bumps its own epoch
+    def __init__(self, n, seed=0):
+        self.n, self.seed, self.epoch = n, seed, 0
+    def __iter__(self):
+        self.epoch += 1
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+    def __len__(self):
+        return self.n
+
+ds = TensorDataset(torch.arange(8.0))
+sampler = EpochSampler(8)
+loader = DataLoader(ds, batch_size=2, sampler=sampler)
+for epoch in range(3):
+    for (xb,) in loader:
+        print(epoch, sampler.epoch, xb.tolist())
+"""
+
+SHUFFLED_IN_PLACE = """
+import random
+
+class BucketBatches:
+    # batches of similar length; shuffles its own batch list on every pass
+    def __init__(self, lengths, bs):
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        self.batches = [order[i:i + bs] for i in range(0, len(order), bs)]
+    def __iter__(self):
+        random.shuffle(self.batches)
+        return iter(self.batches)
+
+random.seed(0)
+lengths = [random.randint(1, 50) for _ in range(12)]
+batches = BucketBatches(lengths, 3)
+for epoch in range(3):
+    for b in batches:
+        print(epoch, b)
+"""
+
+
+@pytest.mark.parametrize("src", [EPOCH_IN_ITER, SAMPLER_EPOCH_IN_ITER, SHUFFLED_IN_PLACE],
+                         ids=["epoch-in-iter", "sampler-epoch-in-iter", "shuffled-in-place"])
+def test_an_iter_that_changes_its_object_is_replayed_from_the_object_as_the_loop_began(launcher, tmp_path, src):
+    target = _script(tmp_path, src)
+    base, trace = trace_of(launcher, target, tmp_path)
+    loops = [t["step"] for t in trace if t["kind"] == "loop" and len(t["loops"]) == 2]
+    for seed in (1, 2):
+        stops = sorted(set(pick_stops(trace, seed, extra=2)) | {loops[len(loops) // 2]})
+        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
+        assert out == base.stdout, f"seed {seed}, stops {stops}"

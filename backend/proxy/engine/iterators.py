@@ -26,6 +26,7 @@ from __future__ import annotations
 import array
 import builtins
 import collections
+import contextlib
 import itertools
 import types
 import warnings
@@ -196,14 +197,15 @@ def _to_tree(src: Any) -> Any:
 class LoopSource:
     """The created iterator of one loop activation plus what is needed to rebuild it."""
 
-    __slots__ = ("tree", "iterator", "rng", "generators", "digests")
+    __slots__ = ("tree", "iterator", "rng", "generators", "owners", "digests")
 
     def __init__(self, tree: Any, iterator: Iterator[Any], rng_state: Optional[dict],
-                 generators: list[tuple[Any, Any]]) -> None:
+                 generators: list[tuple[Any, Any]], owners: list[tuple[Any, dict]]) -> None:
         self.tree = tree
         self.iterator = iterator
         self.rng = rng_state
         self.generators = generators
+        self.owners = owners  # `owner_states` of the objects whose __iter__ a replay runs again
         #: leaf index -> the digest of the items taken from a leaf a restore may replay
         self.digests = {leaf.index: leaf.digest for leaf in leaves_of(tree) if leaf.digest is not None}
 
@@ -219,7 +221,81 @@ class LoopSource:
             if leaf.kind != "seq" and not lazy.is_rng_free_generator(leaf.value):
                 gens.extend((g, rng.object_state(g)) for g in held_generators(leaf.value)
                             if all(g is not h for h, _ in gens))
-        return cls(tree, _build(tree), snapshot, gens)
+        owners = owner_states([o for leaf in leaves if leaf.kind in ("iterable", "dataloader")
+                               for o in iter_owners(leaf.value)])
+        return cls(tree, _build(tree), snapshot, gens, owners)
+
+
+# --------------------------------------------------------------------------- objects __iter__ changes
+def iter_owners(value: Any) -> list[Any]:
+    """The objects of the program whose ``__iter__`` a re-creation of ``value``'s iterator runs
+    again: the iterable itself (an instance of a class of the program), or a DataLoader's custom
+    sampler, batch sampler and iterable dataset. Their ``__iter__`` may change them
+    (``self.epoch += 1``, a reshuffle seeded by it)."""
+    if lazy.is_dataloader(value):
+        candidates = [value.sampler, value.batch_sampler]
+        if lazy.is_iterable_dataset(value.dataset):
+            candidates.append(value.dataset)
+        return [o for o in candidates if o is not None and not lazy.is_builtin_sampler(o)
+                and isinstance(getattr(o, "__dict__", None), dict)]
+    if type(value).__module__ == "builtins" or not isinstance(getattr(value, "__dict__", None), dict):
+        return []
+    return [value]
+
+
+#: containers up to this many entries (arrays up to this many bytes) are copied by `owner_states`
+_COPIED_LEN = 1_000_000
+_COPIED_BYTES = 1 << 20
+
+
+def _as_now(value: Any) -> Any:
+    """``value``, or a copy of it if it is a container an ``__iter__`` may change in place
+    (``random.shuffle(self.batches)``, ``np.random.shuffle(self.index)``)."""
+    t = type(value)
+    if t in (list, dict, set, bytearray) and len(value) <= _COPIED_LEN:
+        return t(value)
+    if lazy.is_array(value) and value.nbytes <= _COPIED_BYTES:
+        if hasattr(value, "copy"):  # numpy
+            return value.copy()
+        if not value.requires_grad:  # a tensor (a parameter stays itself)
+            return value.clone()
+    return value
+
+
+def owner_states(objects: Sequence[Any]) -> list[tuple[Any, dict]]:
+    """Each object with its attributes as they are now, lists, dicts, sets and small arrays
+    copied (the rest shared): taken where the loop calls ``iter()``, so a replay starts from them."""
+    return [(o, {name: _as_now(value) for name, value in o.__dict__.items()}) for o in objects]
+
+
+@contextlib.contextmanager
+def as_at_start(states: Sequence[tuple[Any, dict]], where: str) -> Iterator[None]:
+    """While a restore replays an iterator: its owners' attributes as they were when the loop
+    called ``iter()``; then the checkpoint's again. An attribute the replay changed in place
+    anyway (a list inside a list, a big array), which no copy taken then undoes, makes the restore
+    refuse instead of resuming with another order."""
+    if not states:
+        yield
+        return
+    now = [(o, dict(o.__dict__)) for o, _ in states]
+    marks = [(o, name, item_digest.fold(0, value)) for o, attrs in now for name, value in attrs.items()]
+    for o, attrs in states:  # copies again: the states stay as they were, for later restores
+        o.__dict__.clear()
+        o.__dict__.update({name: _as_now(value) for name, value in attrs.items()})
+    try:
+        yield
+    finally:
+        for o, attrs in now:
+            o.__dict__.clear()
+            o.__dict__.update(attrs)
+    changed = [f"{type(o).__name__}.{name}" for o, name, mark in marks
+               if item_digest.fold(0, o.__dict__.get(name)) != mark]
+    if changed:
+        raise CheckpointError(
+            f"cannot resume {where} exactly: re-creating its iterator ran `__iter__` "
+            f"again, which changed `{changed[0]}` in place, and a restore cannot undo that. Rebind the "
+            f"attribute instead (`self.order = rng.permutation(n)` rather than shuffling what it holds "
+            f"in place), or restart the job from the beginning.")
 
 
 def _may_be_replayed(leaf: Leaf) -> bool:
@@ -292,7 +368,7 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
         return {"how": tree.kind, "index": tree.index, "kwargs": tree.kwargs,
                 "children": [walk(c) for c in tree.children]}
 
-    return {"tree": walk(source.tree), "rng": source.rng, "generators": source.generators}
+    return {"tree": walk(source.tree), "rng": source.rng, "generators": source.generators, "owners": source.owners}
 
 
 #: the leaves a restore may replay: a DataLoader in replay mode is one, in its own state or pickled
@@ -446,7 +522,8 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
         return tracked
 
     try:
-        rebuilt = make(desc["tree"])
+        with as_at_start(desc.get("owners", ()), f"the loop at line {line}"):
+            rebuilt = make(desc["tree"])
         # An object the skipped items drew from must have drawn nothing else meanwhile (the loop
         # body): then the replay ends where the checkpoint has it. Else the draws interleaved.
         interleaved = [g for g, s in saved_gen_states if any(g is m for m in moved)

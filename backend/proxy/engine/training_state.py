@@ -248,14 +248,16 @@ class LoaderOrigin:
     Each is a snapshot of the global generators plus the loader's own generators.
     """
 
-    __slots__ = ("loader", "mode", "full", "created", "first")
+    __slots__ = ("loader", "mode", "full", "created", "first", "owners")
 
-    def __init__(self, loader: Any, mode: str, full: bool, created: tuple) -> None:
+    def __init__(self, loader: Any, mode: str, full: bool, created: tuple, owners: list) -> None:
         self.loader = loader
         self.mode = mode
         self.full = full
         self.created = created
         self.first: Optional[tuple] = None
+        #: a custom sampler's (...) attributes at ``iter(loader)``: its __iter__ may change them
+        self.owners = owners
 
 
 def _loader_iter_type() -> type:
@@ -298,7 +300,8 @@ def _patch_dataloader(module: Any) -> None:
     def __iter__(self: Any) -> Any:
         leaf = iterators.Leaf(0, self)
         full = iterators.classify(leaf) == "full"
-        origin = LoaderOrigin(self, leaf.mode, full, loader_snapshot(self, full))
+        origin = LoaderOrigin(self, leaf.mode, full, loader_snapshot(self, full),
+                              iterators.owner_states(iterators.iter_owners(self)))
         it = original_iter(self)  # indices a worker iterator fetches here follow from `created`
         it.__dict__[_ORIGIN] = origin
         return it
@@ -321,7 +324,7 @@ def _reduce_loader_iter(it: Any) -> tuple:
         raise pickle.PicklingError(
             "a DataLoader iterator created before the job's engine started cannot be saved")
     return _loader_iter_shell, (type(it), origin.loader, origin.mode, origin.full, origin.created, origin.first,
-                                int(getattr(it, "_num_yielded", 0)))
+                                int(getattr(it, "_num_yielded", 0)), origin.owners)
 
 
 #: iterators unpickled while a checkpoint loads, made for real once the namespace is in place
@@ -360,7 +363,7 @@ def _loader_iter_shell(cls: type, *args: Any) -> Any:
 
 
 def _rebuild_loader_iter(loader: Any, mode: str, full: bool, created: tuple, first: Optional[tuple],
-                         yielded: int, into: Any = None) -> Any:
+                         yielded: int, owners: list = (), into: Any = None) -> Any:
     """``iter(loader)`` again under the RNG it was created under, advanced to the same batch
     (made in ``into``, an empty instance of the iterator's class, when given).
 
@@ -369,20 +372,26 @@ def _rebuild_loader_iter(loader: Any, mode: str, full: bool, created: tuple, fir
     """
     gens_now = [(g, rng.object_state(g)) for g in iterators.loader_generators(loader)]
     try:
-        apply_loader_snapshot(created)
-        if into is None:
-            it = iter(loader)
-        else:  # what DataLoader.__iter__ does, in place
-            it = into
-            type(it).__init__(it, loader)
-            if loader.persistent_workers and loader.num_workers > 0:
-                loader._iterator = it
-            it.__dict__[_ORIGIN] = LoaderOrigin(loader, mode, full, created)
-        origin: LoaderOrigin = it.__dict__[_ORIGIN]
-        if first is not None and origin.first is None:
-            apply_loader_snapshot(first)  # the RNG at the original's first batch, when its sampler drew its seed
-            origin.first = first
-        return iterators.advance_loader_iterator(it, loader, mode, yielded, 0, "a DataLoader iterator")
+        with iterators.as_at_start(owners, "a DataLoader iterator"):
+            return _remake_loader_iter(loader, mode, full, created, first, yielded, owners, into)
     finally:
         for g, s in gens_now:
             rng.set_object_state(g, s)
+
+
+def _remake_loader_iter(loader: Any, mode: str, full: bool, created: tuple, first: Optional[tuple],
+                        yielded: int, owners: list, into: Any) -> Any:
+    apply_loader_snapshot(created)
+    if into is None:
+        it = iter(loader)
+    else:  # what DataLoader.__iter__ does, in place
+        it = into
+        type(it).__init__(it, loader)
+        if loader.persistent_workers and loader.num_workers > 0:
+            loader._iterator = it
+        it.__dict__[_ORIGIN] = LoaderOrigin(loader, mode, full, created, owners)
+    origin: LoaderOrigin = it.__dict__[_ORIGIN]
+    if first is not None and origin.first is None:
+        apply_loader_snapshot(first)  # the RNG at the original's first batch, when its sampler drew its seed
+        origin.first = first
+    return iterators.advance_loader_iterator(it, loader, mode, yielded, 0, "a DataLoader iterator")
