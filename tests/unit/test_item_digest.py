@@ -54,3 +54,12 @@ def test_the_chain_depends_on_every_item_and_its_order():
     c = Digesting(iter([3]), fold(fold(0, 1), 2))  # continued after a restore
     list(c)
     assert c.value == a.value
+
+
+def test_a_parameter_digests_the_same_frozen_or_not():
+    """A loop freezing parameters (`for p in model.parameters(): p.requires_grad_(False)`) takes them
+    trainable; its replay after a restore takes them frozen: the same items."""
+    p = torch.nn.Parameter(torch.arange(4.0))
+    trainable = fold(0, p)
+    p.requires_grad_(False)
+    assert fold(0, p) == trainable

@@ -17,7 +17,7 @@ the loop body is free to change afterwards:
   its values would wait for the device at every step);
 - a view of a longer-lived tensor or array (``X[i:i + b]``): where it points (offset, shape,
   strides), not its values, which the body may update in place;
-- a parameter (``requires_grad``) and any other object: its type only.
+- a parameter (or a tensor that requires grad) and any other object: its type only.
 
 The digest is a CRC-32 of the items' encodings, one after the other (``zlib.crc32(item, d)``): a
 plain int, picklable, continued after a restore, ~0.5 µs for a short string or a number. It
@@ -98,7 +98,10 @@ class _Encoder:
 
     def _tensor(self, t: Any) -> None:
         head = f"t{t.dtype}{tuple(t.shape)}{t.device.type}".encode()
-        if t.requires_grad or t.device.type != "cpu" or t.is_sparse or t.is_quantized:
+        # a parameter by its head whatever its requires_grad now: a loop freezing them
+        # (`p.requires_grad_(False)`) would make the replayed items look like other ones
+        if t.requires_grad or isinstance(t, lazy.torch().nn.Parameter) or t.device.type != "cpu" \
+                or t.is_sparse or t.is_quantized:
             self.parts.append(head)
         elif t._base is not None:  # a view: where it points into its base
             self.parts.append(head + f"@{t.storage_offset()}{t.stride()}".encode())
