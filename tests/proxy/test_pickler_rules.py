@@ -2,6 +2,7 @@
 alone: the rules that look at the instance must still be asked for every instance."""
 from __future__ import annotations
 
+import collections
 import io
 import pickle
 
@@ -54,3 +55,44 @@ def test_instances_of_a_plain_class_pickle_with_their_own_state_each_time():
     a, b = Borg(False), Borg(False)
     b.value = 2
     assert [roundtrip(a).value, roundtrip(b).value, roundtrip(a).value] == [1, 2, 1]
+
+
+class LRU(collections.OrderedDict):
+    def __init__(self, cap):
+        super().__init__()
+        self.cap = cap
+
+
+class Vocab(collections.defaultdict):
+    def __init__(self, name):
+        super().__init__(int)
+        self.name = name
+
+
+class Window(collections.deque):
+    def __init__(self, size, label):
+        super().__init__(maxlen=size)
+        self.label = label
+
+
+class Tally(collections.Counter):
+    def __init__(self, owner):
+        super().__init__()
+        self.owner = owner
+
+
+def test_subclasses_of_ordered_dict_defaultdict_counter_and_deque_with_their_own_init_load():
+    """They pickle as a call of their class with the base's arguments, which their __init__ does
+    not take (the checkpoint was written and could not be loaded), and defaultdict's drops the
+    subclass's attributes."""
+    cache, vocab, window, tally = LRU(2), Vocab("words"), Window(3, "recent"), Tally("me")
+    cache.update(a=1, b=2)
+    cache.move_to_end("a")
+    vocab["x"] += 2
+    window.extend(range(5))
+    tally.update("abca")
+    cache2, vocab2, window2, tally2 = roundtrip((cache, vocab, window, tally))
+    assert type(cache2) is LRU and list(cache2.items()) == [("b", 2), ("a", 1)] and cache2.cap == 2
+    assert type(vocab2) is Vocab and vocab2 == {"x": 2} and vocab2.name == "words" and vocab2["y"] == 0
+    assert type(window2) is Window and list(window2) == [2, 3, 4] and window2.maxlen == 3 and window2.label == "recent"
+    assert type(tally2) is Tally and tally2.most_common(1) == [("a", 2)] and tally2.owner == "me"

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import cloudpickle
 
-from . import (array_views, autograd_graphs, background, context, exit_handlers, handles, iterators, lazy, libraries,
+from . import (array_views, autograd_graphs, background, container_subclasses, context, exit_handlers, handles, iterators, lazy, libraries,
                library_patches, module_state, open_files, process_settings, rng, scoped_modes, training_state)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
@@ -210,6 +210,9 @@ class ProxyPickler(cloudpickle.Pickler):
                 return _make_empty_cell, (), (obj.cell_contents,), None, None, _fill_cell
             except ValueError:
                 return _make_empty_cell, ()
+        reduced = container_subclasses.reduce(obj, t)  # class LRU(OrderedDict) with __init__(self, cap)
+        if reduced is not NotImplemented:
+            return reduced
         if array_views.is_array(obj):
             return array_views.reduce(obj, self._array_roots)
         if isinstance(obj, io.IOBase):
