@@ -200,6 +200,8 @@ main()
 """
 
 SWITCHED = """
+import contextlib
+import os
 import warnings
 import numpy as np
 import torch
@@ -230,6 +232,13 @@ with torch.device("meta"):
     for k in range(2):
         print("in block", k, torch.zeros(2).device)
 print("after block:", torch.zeros(2).device)
+HERE = os.path.dirname(os.path.abspath(__file__))
+os.chdir(HERE)
+os.makedirs("run1", exist_ok=True)
+with contextlib.chdir("run1"):                # entered again on restore: relative to the cwd outside
+    for k in range(2):
+        print("in", os.path.basename(os.getcwd()))
+print("after block back:", os.getcwd() == HERE)
 """
 
 SCRIPTS = {"hooks": HOOKS, "switched": SWITCHED, "patches": PATCHES, "atexit": ATEXIT, "modes": MODES, "parametrized": PARAMETRIZED, "id_keys": ID_KEYS}

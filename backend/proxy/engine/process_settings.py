@@ -71,9 +71,11 @@ def capture(probe: Callable[[Any], Optional[str]], redirected: Optional[dict[str
 def switches_settings(manager: Any) -> bool:
     """Whether a with statement's context manager changes settings `snapshot` records, and puts
     back at its end what it found (``np.printoptions``, ``np.errstate``, ``warnings.catch_warnings``,
-    ``torch.autograd.detect_anomaly``, ``with torch.device("meta")``): a restore enters it again,
+    ``torch.autograd.detect_anomaly``, ``with torch.device("meta")``, ``contextlib.chdir``, whose
+    directory scoped_modes.py records beside them): a restore enters it again,
     so what it found then must be what it found the first time (scoped_modes.py)."""
-    if isinstance(manager, warnings.catch_warnings):
+    if isinstance(manager, warnings.catch_warnings) or type(manager).__name__ == "chdir" \
+            and type(manager).__module__ == "contextlib":
         return True
     t = type(manager)
     module = t.__module__ or ""

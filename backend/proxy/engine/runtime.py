@@ -263,7 +263,7 @@ class Runtime:
         index = len(frame.managers)
         frame.managers.append(manager)
         if frame.settings_before is None and process_settings.switches_settings(manager):
-            frame.settings_before = process_settings.snapshot()  # what it will put back at its end
+            frame.settings_before = scoped_modes.settings_now()  # what it will put back at its end
         if not self.restoring or not isinstance(manager, io.IOBase):
             return manager
         line = self.program.nodes[node].line

@@ -1,7 +1,8 @@
 """Modes and settings that ``with`` statements switch and scripts also set by a plain call: autograd's
 grad mode, the ``decimal`` context, and the process settings of process_settings.py that a with
 statement switches (``np.printoptions``, ``np.errstate``, ``warnings.catch_warnings``,
-``torch.autograd.detect_anomaly``, ``with torch.device("meta")``).
+``torch.autograd.detect_anomaly``, ``with torch.device("meta")``) and the working directory
+(``contextlib.chdir``).
 
 ``torch.set_grad_enabled(False)`` at the top of an evaluation script, or
 ``decimal.getcontext().prec = 6``, runs once; a restore does not run it again and the new
@@ -18,10 +19,11 @@ statement is around it (the checkpoint's ``process`` has them too, applied first
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Optional, Sequence
 
-from . import process_settings
+from . import context, process_settings
 
 _pending: dict[str, Any] = {}
 
@@ -48,8 +50,15 @@ def capture(withs: Sequence[Any]) -> dict[str, tuple[Any, Any]]:
             out[name] = (before[index] if before[index] is not None else now[index], now[index])
     switched = [frame.settings_before for frame in withs if frame.settings_before is not None]
     if switched:
-        out["settings"] = (switched[0], process_settings.snapshot())
+        out["settings"] = (switched[0], settings_now())
     return out
+
+
+def settings_now() -> dict[str, Any]:
+    """What a with frame records before a context manager that switches settings
+    (`process_settings.switches_settings`): the process settings and the working directory
+    (``contextlib.chdir``), as the job's folder sees it (a synced copy elsewhere resolves it)."""
+    return {**process_settings.snapshot(), "cwd": context.relative_path(os.getcwd())}
 
 
 def apply_outer(saved: Optional[dict]) -> None:
@@ -68,6 +77,9 @@ def apply_inner() -> None:
 def _set(values: dict[str, Any]) -> None:
     if "settings" in values:
         process_settings.apply_switchable(values["settings"])
+        cwd = context.resolve_path(*values["settings"]["cwd"])
+        if os.getcwd() != cwd:
+            os.chdir(cwd)
     if "grad" in values:
         import torch
 
