@@ -3,8 +3,10 @@ alone: the rules that look at the instance must still be asked for every instanc
 from __future__ import annotations
 
 import collections
+import gc
 import io
 import pickle
+import weakref
 
 from backend.proxy.engine.state import ClosedFile, ProxyPickler
 
@@ -96,3 +98,19 @@ def test_subclasses_of_ordered_dict_defaultdict_counter_and_deque_with_their_own
     assert type(vocab2) is Vocab and vocab2 == {"x": 2} and vocab2.name == "words" and vocab2["y"] == 0
     assert type(window2) is Window and list(window2) == [2, 3, 4] and window2.maxlen == 3 and window2.label == "recent"
     assert type(tally2) is Tally and tally2.most_common(1) == [("a", 2)] and tally2.owner == "me"
+
+
+class Feature:
+    def __init__(self, key):
+        self.key = key
+
+
+def test_a_weak_value_dictionary_keeps_the_entries_whose_values_the_checkpoint_holds():
+    cache = weakref.WeakValueDictionary()
+    keep = [Feature(0), Feature(1)]
+    cache[0], cache[1] = keep
+    cache2, keep2 = roundtrip((cache, keep))
+    assert type(cache2) is weakref.WeakValueDictionary and cache2[0] is keep2[0] and cache2[1] is keep2[1]
+    del keep2[1]
+    gc.collect()
+    assert list(cache2) == [0]

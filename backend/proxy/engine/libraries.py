@@ -371,7 +371,9 @@ def reduce(obj: Any) -> Any:
     """How the checkpoint saves what trainer libraries hold and plain pickling refuses or breaks.
 
     * a plain weak reference (accelerate's ``GradientState`` keeps its DataLoaders so): saved as a
-      reference to its object, which the checkpoint then holds too (a dead one stays dead);
+      reference to its object, which the checkpoint then holds too (a dead one stays dead); a
+      ``WeakValueDictionary`` likewise, with its live entries (an entry whose value nothing else
+      the checkpoint saves is gone once the load ends, as it would be in the stopping process);
     * an instance of a shared-state ("Borg") class, whose ``__dict__`` is its class's
       ``_shared_state`` (accelerate's ``PartialState``, ``AcceleratorState``, ``GradientState``):
       restored into the class's shared state, so instances made after the restore see it too.
@@ -380,6 +382,8 @@ def reduce(obj: Any) -> Any:
     if t is weakref.ReferenceType:
         target = obj()
         return (_dead_weakref, ()) if target is None else (_weakref_to, (target,))
+    if t is weakref.WeakValueDictionary:  # its entries hold `KeyedRef`s, which do not pickle
+        return weakref.WeakValueDictionary, (), None, None, iter(list(obj.items()))
     shared = getattr(t, "_shared_state", None)
     if type(shared) is dict and getattr(obj, "__dict__", None) is shared:
         return _shared_state_instance, (t,), dict(shared)
