@@ -122,3 +122,23 @@ def test_a_read_only_memmap_is_saved_as_its_file_not_its_bytes(job_folder):
         f.write(b"\0\0")  # the dataset changed since the checkpoint
     with pytest.raises(CheckpointError, match="held 200000 bytes at the checkpoint and holds 200002"):
         pickle.loads(saved)
+
+
+def test_a_writable_memmap_comes_back_mapped_with_the_file_as_it_was(job_folder):
+    """Rows a loop writes out through `np.lib.format.open_memmap(..., mode="w+")`: the map came back
+    as an array in memory, and rows written after a restore never reached the file."""
+    import numpy as np
+
+    out = np.lib.format.open_memmap("emb.npy", mode="w+", dtype=np.float32, shape=(4, 2))
+    out[0] = 1.5
+    saved = dumps({"out": out})
+    out[1] = 9.0  # after the checkpoint: not in the restored file
+    del out
+    state = pickle.loads(saved)
+    back = state["out"]
+    assert isinstance(back, np.memmap) and back.mode == "r+"
+    assert back[1].tolist() == [0.0, 0.0]
+    back[2] = 3.0
+    back.flush()
+    del back, state
+    assert np.load("emb.npy").tolist() == [[1.5, 1.5], [0.0, 0.0], [3.0, 3.0], [0.0, 0.0]]

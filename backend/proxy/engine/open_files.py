@@ -172,25 +172,46 @@ def reopen(state: FileState) -> IO:
 
 
 def reduce_memmap(obj: Any) -> Any:
-    """A read-only ``numpy.memmap`` of a whole file (``np.memmap("train.bin", mode="r")``, a
-    dataset of tokens) is saved as the file's name, not as its bytes: a checkpoint would otherwise
-    copy the whole dataset every time. Others (writable, copy-on-write, slices): NotImplemented."""
+    """A ``numpy.memmap`` of a whole file, saved as the file's name. A read-only one
+    (``np.memmap("train.bin", mode="r")``, a dataset of tokens) is mapped again: a checkpoint would
+    otherwise copy the whole dataset every time. A writable one (``mode="r+"``/``"w+"``,
+    ``np.lib.format.open_memmap``: rows the loop writes out) is flushed and saved with the file's
+    bytes, written back and mapped ``"r+"`` on load, like a file open for writing (it came back as
+    an array in memory, and rows written after a restore never reached the file); over
+    `MAX_CONTENT_BYTES` it is refused with advice. Others (copy-on-write, slices): NotImplemented."""
     import mmap
 
-    if getattr(obj, "mode", None) != "r" or not isinstance(obj.base, mmap.mmap) or not obj.filename:
+    mode = getattr(obj, "mode", None)
+    if mode not in ("r", "r+", "w+") or not isinstance(obj.base, mmap.mmap) or not obj.filename:
         return NotImplemented
     path = os.path.realpath(obj.filename)
     rel, relative = context.relative_path(path)
     order = "F" if obj.flags.f_contiguous and not obj.flags.c_contiguous else "C"
-    return _reopen_memmap, (rel, relative, obj.dtype, obj.offset, obj.shape, order, os.path.getsize(path))
+    data = None
+    if mode != "r":
+        obj.flush()
+        if os.path.getsize(path) > MAX_CONTENT_BYTES:
+            raise pickle.PicklingError(
+                f"cannot save the writable numpy.memmap of {path!r}: the file holds more than the "
+                f"{MAX_CONTENT_BYTES >> 20} MiB a checkpoint copies; write its rows in pieces (np.save per "
+                f"chunk) or map it only while writing, inside the loop body")
+        with open(path, "rb") as f:
+            data = f.read()
+    return _reopen_memmap, (rel, relative, obj.dtype, obj.offset, obj.shape, order, os.path.getsize(path), data)
 
 
-def _reopen_memmap(path: str, relative: bool, dtype: Any, offset: int, shape: tuple, order: str, size: int) -> Any:
+def _reopen_memmap(path: str, relative: bool, dtype: Any, offset: int, shape: tuple, order: str, size: int,
+                   data: Optional[bytes] = None) -> Any:
     import numpy as np
 
     from ..checkpoint.errors import CheckpointError
 
     where = context.resolve_path(path, relative)
+    if data is not None:  # a writable map: the file as it was at the checkpoint
+        os.makedirs(os.path.dirname(where), exist_ok=True)
+        with open(where, "wb") as f:
+            f.write(data)
+        return np.memmap(where, dtype=dtype, mode="r+", offset=offset, shape=shape, order=order)
     now = os.path.getsize(where) if os.path.exists(where) else None
     if now != size:
         raise CheckpointError(f"the job maps {where!r} (numpy.memmap), which held {size} bytes at the checkpoint and "
