@@ -27,12 +27,13 @@ import array
 import builtins
 import collections
 import contextlib
+import io
 import itertools
 import types
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
-from . import item_digest, lazy, rng
+from . import item_digest, lazy, manual_next, rng
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,7 +64,7 @@ LOADER_ORIGIN = "_sg_origin"
 class Leaf:
     """One evaluated sub-expression of a loop's iterable (``index`` = its maker slot)."""
 
-    __slots__ = ("index", "value", "kind", "mode", "iterator", "digest")
+    __slots__ = ("index", "value", "kind", "mode", "iterator", "digest", "start")
 
     def __init__(self, index: int, value: Any) -> None:
         self.index = index
@@ -71,6 +72,7 @@ class Leaf:
         self.kind = ""  # seq | dataloader | iterator | iterable, set when the loop starts
         self.mode = ""  # for a dataloader: skip | replay
         self.iterator: Optional[Iterator[Any]] = None  # iter(value), made when the loop starts
+        self.start: Optional[tuple] = None  # where a file stood when the loop began (manual_next.py)
         self.digest: Optional[item_digest.Digesting] = None  # the items taken, if it may be replayed
 
 
@@ -309,6 +311,7 @@ def _may_be_replayed(leaf: Leaf) -> bool:
 
 def _build(tree: Any) -> Iterator[Any]:
     if isinstance(tree, Leaf):
+        tree.start = manual_next.start_of(tree.value)
         tree.iterator = iter(tree.value)
         if _may_be_replayed(tree):
             tree.digest = item_digest.Digesting(tree.iterator)
@@ -346,14 +349,19 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
             return {"how": "dataloader", "index": leaf.index, "loader": leaf.value, "mode": leaf.mode}
         if leaf.kind == "iterable":
             return {"how": "iterable", "index": leaf.index, "iterable": leaf.value}
+        reevaluated = leaf.index < len(reevaluable) and reevaluable[leaf.index]
+        if reevaluated and isinstance(leaf.value, io.IOBase):
+            # a file the with statement around the loop opens again: a pickled copy would be
+            # another file than the one the body reads through its name (`tgt = next(f)`)
+            return {"how": "expr", "index": leaf.index, "start": leaf.start}
         if isinstance(leaf.value, types.GeneratorType):
             error: Optional[str] = "generators cannot be pickled"
         else:
             error = probe(leaf.value)
         if error is None:
             return {"how": "pickled", "index": leaf.index, "iterator": leaf.value}
-        if leaf.index < len(reevaluable) and reevaluable[leaf.index]:
-            return {"how": "expr", "index": leaf.index}
+        if reevaluated:
+            return {"how": "expr", "index": leaf.index, "start": leaf.start}
         reason = why_not[leaf.index] if leaf.index < len(why_not) else ""
         raise CheckpointFailure(
             f"the loop at line {line} iterates over `{text}`, a {type(leaf.value).__name__} with hidden "
@@ -378,8 +386,9 @@ _REPLAYED_HOWS = ("expr", "iterable", "dataloader", "pickled")
 _REPLAYED = "_sg_replayed_items"
 
 
-def with_item_digests(desc: dict, digests: dict[int, item_digest.Digesting]) -> dict:
-    """``desc`` with the current digest of the items taken from each replayed leaf."""
+def with_item_digests(desc: dict, digests: dict[int, item_digest.Digesting], extra: dict[int, int]) -> dict:
+    """``desc`` with the current digest of the items taken from each replayed leaf, and the items
+    the loop body took from it with ``next()`` (manual_next.py)."""
     if not digests or not desc:
         return desc
 
@@ -387,7 +396,7 @@ def with_item_digests(desc: dict, digests: dict[int, item_digest.Digesting]) -> 
         if "children" in state:
             return {**state, "children": [walk(c) for c in state["children"]]}
         if state["how"] in _REPLAYED_HOWS and state["index"] in digests:
-            return {**state, "items": digests[state["index"]].value}
+            return {**state, "items": digests[state["index"]].value, "extra": extra.get(state["index"], 0)}
         return state
 
     return {**desc, "tree": walk(desc["tree"])}
@@ -453,9 +462,11 @@ def advance_loader_iterator(it: Iterator[Any], loader: DataLoader, mode: str, k:
 
 def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
             leaf_texts: Sequence[str], line: int,
-            digests: Optional[dict[int, item_digest.Digesting]] = None) -> Iterator[Any]:
+            digests: Optional[dict[int, item_digest.Digesting]] = None,
+            extra: Optional[dict[int, int]] = None) -> Iterator[Any]:
     """Re-create the iterator described by `describe` positioned after ``k`` items. The digests
-    of the replayed leaves' items, which go on counting, are put in ``digests``."""
+    of the replayed leaves' items, which go on counting, are put in ``digests``, and the items
+    the loop body took from them with ``next()`` in ``extra``."""
     # The generator objects are the checkpoint's (restored with the program's variables): put
     # them back as they were when the loop began for the replay, then as the checkpoint has them.
     watched = [g for g, _ in desc["generators"]]
@@ -496,7 +507,9 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
             maker = makers[state["index"]] if state["index"] < len(makers) else None
             if maker is None:
                 raise CheckpointError(f"the loop at line {line} cannot re-create `{text_of(state)}`")
-            return replay(state, iter(maker()))
+            it = iter(maker())
+            manual_next.apply_start(it, state.get("start"))  # a header read before the loop
+            return replay(state, it)
         assert how == "iterable", how
         return replay(state, iter(state["iterable"]))
 
@@ -514,7 +527,10 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
 
     def replay(state: dict, it: Iterator[Any]) -> Iterator[Any]:
         tracked = item_digest.Digesting(it)
-        _skip(tracked, k, check_rng=True, what=text_of(state), line=line, watched=watched, moved=moved)
+        taken = state.get("extra", 0)  # by next() in the body, besides the loop's own k
+        if extra is not None and taken:
+            extra[state["index"]] = taken
+        _skip(tracked, k + taken, check_rng=True, what=text_of(state), line=line, watched=watched, moved=moved)
         if "items" in state and tracked.value != state["items"]:
             differing.append(text_of(state))
         if digests is not None:

@@ -29,12 +29,12 @@ class LoopHost(Protocol):
 class ForFrame:
     """A running ``for`` loop: counts fetched items; its ``__next__`` is the safe point."""
 
-    __slots__ = ("rt", "ctl", "node", "it", "source", "desc", "fetched", "current", "pending", "digests")
+    __slots__ = ("rt", "ctl", "node", "it", "source", "desc", "fetched", "current", "pending", "digests", "extra")
     kind = "for"
 
     def __init__(self, rt: LoopHost, node: int, it: Iterator[Any], source: Optional[iterators.LoopSource],
                  desc: Optional[dict], fetched: int, pending: Optional[str] = None, current: Any = None,
-                 digests: Optional[dict] = None) -> None:
+                 digests: Optional[dict] = None, extra: Optional[dict] = None) -> None:
         self.rt = rt
         self.ctl = rt.ctl
         self.node = node
@@ -46,6 +46,8 @@ class ForFrame:
         self.pending = pending
         #: the digests of the items taken from leaves a restore replays (`iterators.with_item_digests`)
         self.digests = digests if digests is not None else (source.digests if source is not None else {})
+        #: leaf index -> items the body took from that leaf's iterator with next() (manual_next.py)
+        self.extra: dict[int, int] = extra if extra is not None else {}
 
     def __iter__(self) -> "ForFrame":
         return self

@@ -95,8 +95,9 @@ def capture(f: Any, content: bool = True) -> FileState:
         position = f.tell()
         path = os.readlink(f"/proc/self/fd/{fd}")
     except OSError as exc:
-        raise FileNotCarried(f"the place in the open file {name!r} cannot be saved ({exc}); iterate over "
-                             f"it with a for loop, or re-open it inside the loop") from exc
+        raise FileNotCarried(f"the place in the open file {name!r} cannot be saved ({exc}); open it in a "
+                             f"with statement around the loop (`with open(path) as f:`): a restore opens it "
+                             f"again and takes the lines read before (with next() or the loop) again") from exc
     if path.endswith(" (deleted)"):
         raise FileNotCarried(f"the open file {name!r} was deleted from disk; a restore could not re-open it")
     data = None

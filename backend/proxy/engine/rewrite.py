@@ -562,6 +562,37 @@ class _Rewriter:
         return info.id, [ast.Try(body=body, handlers=handlers, orelse=s.orelse, finalbody=final)]
 
 
+# --------------------------------------------------------------------------- next() calls
+def _binds_next(tree: ast.AST) -> bool:
+    """Whether the code gives the name ``next`` a meaning of its own (then its calls stay as they are)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "next" and not isinstance(node.ctx, ast.Load):
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == "next":
+            return True
+        if isinstance(node, ast.arg) and node.arg == "next":
+            return True
+        if isinstance(node, ast.alias) and (node.asname or node.name) == "next":
+            return True
+    return False
+
+
+class _CountNext(ast.NodeTransformer):
+    """``next(it[, default])`` -> ``__sg_rt.next_item(it[, default])`` (manual_next.py)."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id == "next" and not node.keywords \
+                and 1 <= len(node.args) <= 2 and not any(isinstance(a, ast.Starred) for a in node.args):
+            return ast.copy_location(_rt_call("next_item", *node.args), node)
+        return node
+
+
+def _count_next_calls(tree: ast.AST) -> None:
+    if not _binds_next(tree):
+        _CountNext().visit(tree)
+
+
 # --------------------------------------------------------------------------- entry points
 def rewrite_module(source: str, filename: str) -> Rewritten:
     """Parse and rewrite a cell/script; the last expression statement feeds ``set_result``."""
@@ -583,6 +614,7 @@ def rewrite_module(source: str, filename: str) -> Rewritten:
     rw.functions(tree)
     new_body = body[:head] + rw.block(body[head:], top_base=head)
     new_tree = ast.Module(body=new_body, type_ignores=[])
+    _count_next_calls(new_tree)
     ast.fix_missing_locations(new_tree)
     return Rewritten(new_tree, rw.nodes, statements, frozenset(unstable), bool(rw.nodes), returns_last,
                      defs=rw.defs, unchanged_defs=rw.unchanged_defs, call_spans=rw.call_spans)
@@ -648,6 +680,7 @@ def rewrite_function(fdef: ast.FunctionDef, local_names: list[str], params: list
         body=[fdef, ast.Return(value=_name(fdef.name))], decorator_list=[], returns=None, type_comment=None)
     _fill_locations(factory, fdef)
     tree = ast.Module(body=[factory], type_ignores=[])
+    _count_next_calls(tree)
     ast.fix_missing_locations(tree)
     return Rewritten(tree, rw.nodes, statements, frozenset(unstable), bool(rw.nodes),
                      local_names=tuple(local_names))

@@ -21,7 +21,7 @@ import time
 import warnings
 from typing import Any, Callable, Optional, Sequence
 
-from . import frames, iterators, open_files, process_settings, rng, scoped_modes, taking
+from . import frames, iterators, manual_next, open_files, process_settings, rng, scoped_modes, taking
 from ..checkpoint.errors import CheckpointError, Preempted
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
 from .ports import ControllerView, ProgramView
@@ -202,9 +202,10 @@ class Runtime:
             info = self.program.nodes[node]
             texts = [leaf.text for leaf in info.leaves]
             digests: dict = {}
-            it = iterators.rebuild(rec["source"], rec["fetched"], makers, texts, info.line, digests)
+            extra: dict = {}
+            it = iterators.rebuild(rec["source"], rec["fetched"], makers, texts, info.line, digests, extra)
             frame = ForFrame(self, node, it, None, rec["source"], rec["fetched"],
-                             "target" if last else "inside", rec.get("current"), digests)
+                             "target" if last else "inside", rec.get("current"), digests, extra)
             if last:
                 self._finish_restore()
         else:
@@ -277,6 +278,19 @@ class Runtime:
                 f"them, not where they were at the checkpoint (a for loop over it is advanced back to its "
                 f"item)", RuntimeWarning, stacklevel=2)
         return manager
+
+    def next_item(self, it: Any, *default: Any) -> Any:
+        """The program's ``next(it[, default])`` (the rewrite renames it): counted, so a restore
+        that re-creates ``it`` takes the same items again (manual_next.py)."""
+        try:
+            item = next(it)
+        except StopIteration:
+            if default:
+                return default[0]
+            raise
+        if not self._elsewhere():
+            manual_next.took(self.stack, it, item)
+        return item
 
     def pop(self, node: int) -> None:
         stack = self.stack

@@ -403,7 +403,7 @@ def _records(rt: RuntimeView, entries: list, boundary: Optional[int], last: int,
                 except CheckpointFailure as e:
                     failures.append(e)
                     desc = {}
-            desc = iterators.with_item_digests(desc, frame.digests)
+            desc = iterators.with_item_digests(desc, frame.digests, frame.extra)
             rec = {"node": frame.node, "kind": "for", "line": info.line, "fetched": frame.fetched, "source": desc}
             if inside:
                 rec["current"] = frame.current

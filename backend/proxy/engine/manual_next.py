@@ -1,0 +1,65 @@
+"""Items a program takes from an iterator by hand, with ``next()``, that a restore must take again.
+
+A restore re-creates some loop iterators (a file re-opened by the ``with`` statement around the
+loop, a generator made by the loop's own expression) and skips the items the loop had taken.
+Two shapes take items the loop never sees: a header read before the loop
+(``with open(p) as f: header = next(f)`` then ``for line in f:``), and records of several lines
+read in the body (``for src in f: tgt = next(f)``). Skipping only the loop's items then resumed
+one line off: the restore refused, or the pairs came out misaligned, silently.
+
+So the program's ``next(...)`` calls go through `Runtime.next_item` (the rewrite renames them),
+which counts, per text file, the lines taken so (`took`), and, per loop whose replayed leaf the
+item came from, the extra items (the loop frame's ``extra``, folded into its items' digest too).
+A loop records where its file started (`start_of`: the position when ``tell()`` still works,
+else the lines taken by ``next()``), and a restore puts the re-opened file there (`apply_start`)
+before skipping the loop's items plus its extra ones.
+"""
+from __future__ import annotations
+
+import io
+import weakref
+from typing import Any, Iterator, Optional
+
+from . import item_digest
+
+#: text file -> lines the program took from it with next()
+_lines: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+
+
+def took(stack: list, it: Any, item: Any) -> None:
+    """The program took ``item`` from ``it`` with ``next()``; ``stack``: its loop frames."""
+    if isinstance(it, io.TextIOBase):
+        _lines[it] = _lines.get(it, 0) + 1
+    for frame in reversed(stack):
+        digests = getattr(frame, "digests", None)
+        if not digests:
+            continue
+        for index, digesting in digests.items():
+            if digesting.it is it:
+                frame.extra[index] = frame.extra.get(index, 0) + 1
+                digesting.value = item_digest.fold(digesting.value, item)
+                return
+
+
+def start_of(value: Any) -> Optional[tuple[str, Any]]:
+    """Where a text file a loop starts on stands: ``("seek", cookie)``, or ``("lines", n)`` after
+    ``next()`` calls (which disable ``tell()``); None for anything else or a file at its start."""
+    if not isinstance(value, io.TextIOBase) or not value.readable():
+        return None
+    try:
+        position = value.tell()
+    except (OSError, ValueError):
+        return ("lines", _lines.get(value, 0))
+    return ("seek", position) if position else None
+
+
+def apply_start(it: Iterator[Any], start: Optional[tuple[str, Any]]) -> None:
+    """Put a re-opened file where `start_of` found the original."""
+    if start is None:
+        return
+    how, where = start
+    if how == "seek":
+        it.seek(where)  # type: ignore[attr-defined]
+        return
+    for _ in range(where):
+        next(it, None)
