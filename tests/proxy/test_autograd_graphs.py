@@ -54,3 +54,45 @@ def test_a_safe_point_between_forward_and_backward_defers_the_checkpoint_and_the
         resumed = launcher.run(target + ["--checkpoint-dir", str(ck), "--restore"])
         assert resumed.rc == 0 and stopped.stdout + resumed.stdout == base.stdout, (step, at, resumed.describe())
     assert len(requested) >= 3 and deferred == len(requested), (deferred, requested)
+
+
+VALIDATION_WITHOUT_NO_GRAD = """
+import os
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(240, 4), torch.randn(240, 1)
+xv, yv = torch.randn(16, 4), torch.randn(16, 1)
+for epoch in range(3):
+    for i in range(0, 240, 4):
+        opt.zero_grad()
+        loss = ((model(x[i:i + 4]) - y[i:i + 4]) ** 2).mean()
+        loss.backward()
+        opt.step()
+        if epoch == 1 and i == 236 and os.environ.get("BACKPROP_IT"):
+            val_loss.backward()                 # the last epoch's, late in this one
+    val_loss = ((model(xv) - yv) ** 2).mean()   # no torch.no_grad(): it holds a graph all epoch
+    print(epoch, round(loss.item(), 6), round(val_loss.item(), 6))
+"""
+
+
+def test_a_graph_nothing_backpropagates_is_cut_after_a_while_and_backprop_through_it_refuses(launcher, tmp_path):
+    """A validation loss computed without no_grad held checkpoints off for good (a stop request was
+    dropped); after waiting its patience the checkpoint cuts the graph: the run resumes exactly,
+    and backward() through the cut tensor fails naming it instead of updating nothing."""
+    script = tmp_path / "val.py"
+    script.write_text(textwrap.dedent(VALIDATION_WITHOUT_NO_GRAD))
+    target = [str(script)]
+    base, trace = trace_of(launcher, target, tmp_path)
+    second_epoch = [t["step"] for t in trace if t["kind"] == "loop" and len(t["loops"]) == 2 and t["loops"][0] == 2]
+    ck = tmp_path / "ck"
+    stopped = launcher.run(target + ["--checkpoint-dir", str(ck), "--stop-at-step", str(second_epoch[0])])
+    assert stopped.rc == EXIT_PREEMPTED, stopped.describe()
+    [started] = [d for _, d in stopped.events("checkpoint_started")]
+    assert started["cut_graphs"] == ["`val_loss`"] and started["step"] > second_epoch[0], started
+    resumed = launcher.run(target + ["--checkpoint-dir", str(ck), "--restore", "--keep-checkpoints"])
+    assert resumed.rc == 0 and stopped.stdout + resumed.stdout == base.stdout, resumed.describe()
+    failed = launcher.run(target + ["--checkpoint-dir", str(ck), "--restore"], {"BACKPROP_IT": "1"})
+    assert failed.rc != 0 and "the autograd graph of `val_loss` was cut by a checkpoint" in failed.stderr, \
+        failed.describe()

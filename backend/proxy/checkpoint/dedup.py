@@ -228,7 +228,8 @@ def dedup_pickler(base: type = pickle.Pickler) -> type:
     """A subclass of ``base`` (e.g. the engine's cloudpickle Pickler) that sends tensors to blobs.
 
     ``on_tensor`` (a constructor argument) is called once for every tensor it writes: the engine
-    notes them there, to write their ``.grad`` at the end of the graph.
+    notes them there, to write their ``.grad`` at the end of the graph; a reduction it returns is
+    used for that tensor instead.
 
     Tensors are reduced in ``reducer_override``, which pickle calls only for objects that are not
     builtin values or containers (a ``persistent_id`` would be called for every int and string:
@@ -256,7 +257,9 @@ def dedup_pickler(base: type = pickle.Pickler) -> type:
 
         def _reduce_tensor(self, obj: torch.Tensor) -> tuple:
             if self._on_tensor is not None:
-                self._on_tensor(obj)
+                replaced = self._on_tensor(obj)
+                if replaced is not None:  # the caller saves this one its own way
+                    return replaced
             storage = obj.untyped_storage()
             first = storage._cdata not in self._storages
             storage_index, digest = self._store(storage)

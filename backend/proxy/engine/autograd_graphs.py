@@ -8,12 +8,34 @@ update is lost, silently. So a checkpoint is not taken while a variable holds a 
 can still be backpropagated (its saved tensors are not yet freed by a ``backward()``); a request
 waits for the next safe point (taking.py), which in a training loop comes once ``backward()``
 has run. A graph that was used (its buffers freed) or holds no saved tensor does not block.
+
+A graph that is never backpropagated (a validation loss computed without ``torch.no_grad()``, a
+diagnostic ``penalty = w.abs().sum()`` kept for printing) would hold checkpoints off for good.
+So after `PATIENCE_SAFE_POINTS` safe points or `PATIENCE_S` seconds of waiting, the checkpoint is
+taken with those tensors *cut* (`cutting`): each comes back with its values and a graph of one
+node whose backward raises, naming the variable. A program that never backpropagates it resumes
+exactly; one that does fails there, loudly, instead of updating nothing.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+import contextlib
+import contextvars
+from typing import Any, Iterable, Iterator, NamedTuple, Optional
 
 from . import lazy
+
+#: a request waits this many safe points, or seconds, for one without graphs before cutting them
+PATIENCE_SAFE_POINTS = 50
+PATIENCE_S = 30.0
+_CUT: contextvars.ContextVar[Optional[dict[int, str]]] = contextvars.ContextVar("sg_cut_graphs", default=None)
+
+
+class GraphsHeld(NamedTuple):
+    """Why a safe point is no place for a checkpoint, and the tensors (id -> variable) to blame."""
+
+    why: str
+    tensors: dict[int, str]
+    keep: list  # the tensors themselves, so their ids stay theirs while the checkpoint is taken
 
 #: grad_fn nodes looked at per tensor before deciding (the first with a saved tensor decides)
 _MAX_NODES = 64
@@ -55,16 +77,82 @@ def _tensors(value: Any) -> Iterable[Any]:
         yield from (v for v in list(value.values())[:256] if isinstance(v, tensor))
 
 
-def in_use(scopes: Iterable[tuple[str, dict]]) -> Optional[str]:
-    """Why no checkpoint can be taken here (the variables holding graphs still to be used), or None."""
+def in_use(scopes: Iterable[tuple[str, dict]]) -> Optional[GraphsHeld]:
+    """The variables holding graphs still to be used here, or None."""
     if lazy.torch_types() is None:
         return None
-    held = [f"`{name}`" + (f" ({where})" if where else "")
-            for where, scope in scopes for name, value in scope.items()
-            if any(t.grad_fn is not None and _graph_in_use(t) for t in _tensors(value))]
-    if not held:
+    labels: list[str] = []
+    tensors: dict[int, str] = {}
+    keep: list = []
+    for where, scope in scopes:
+        for name, value in scope.items():
+            label = f"`{name}`" + (f" ({where})" if where else "")
+            found = [t for t in _tensors(value) if t.grad_fn is not None and _graph_in_use(t)]
+            if found:
+                labels.append(label)
+                tensors.update((id(t), label) for t in found)
+                keep.extend(found)
+    if not labels:
         return None
-    return (f"{', '.join(held)} hold{'s' if len(held) == 1 else ''} a tensor whose autograd graph is still to "
-            f"be backpropagated, and a checkpoint saves values, not graphs (a restored one would reach no "
-            f"parameter). Checkpoints wait for a safe point after backward(); evaluate under "
-            f"torch.no_grad() or keep loss.item() for logging so that one comes")
+    why = (f"{', '.join(labels)} hold{'s' if len(labels) == 1 else ''} a tensor whose autograd graph is still to "
+           f"be backpropagated, and a checkpoint saves values, not graphs (a restored one would reach no "
+           f"parameter). Checkpoints wait for a safe point after backward(); evaluate under "
+           f"torch.no_grad() or keep loss.item() for logging so that one comes")
+    return GraphsHeld(why, tensors, keep)
+
+
+def patience_over(deferred: int, waited_s: float) -> bool:
+    """Whether a request has waited long enough for a safe point without graphs: cut them."""
+    return deferred >= PATIENCE_SAFE_POINTS or waited_s >= PATIENCE_S
+
+
+@contextlib.contextmanager
+def cutting(held: GraphsHeld) -> Iterator[None]:
+    """While a checkpoint is taken: `cut_reduction` saves ``held``'s tensors with their graphs cut."""
+    token = _CUT.set(held.tensors)
+    try:
+        yield
+    finally:
+        _CUT.reset(token)
+
+
+def cut_reduction(t: Any) -> Optional[tuple]:
+    """How the checkpoint saves ``t`` when its graph is being cut, else None (saved as usual)."""
+    cut = _CUT.get()
+    if not cut or id(t) not in cut:
+        return None
+    return _cut_tensor, (t.detach(), cut[id(t)])
+
+
+def _cut_tensor(values: Any, label: str) -> Any:
+    torch = lazy.torch()
+    with torch.enable_grad():
+        return _cut_function().apply(values.requires_grad_(True), label)
+
+
+_CUT_FUNCTION: Optional[type] = None
+
+
+def _cut_function() -> type:
+    """An autograd function that passes its input through and refuses to backpropagate."""
+    global _CUT_FUNCTION
+    if _CUT_FUNCTION is None:
+        torch = lazy.torch()
+
+        class CutGraph(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, x: Any, label: str) -> Any:
+                ctx.label = label
+                return x.view_as(x)
+
+            @staticmethod
+            def backward(ctx: Any, grad: Any) -> Any:
+                raise RuntimeError(
+                    f"the autograd graph of {ctx.label} was cut by a checkpoint: the job waited "
+                    f"{PATIENCE_SAFE_POINTS} safe points for one where no variable held a graph still to "
+                    f"be backpropagated, then saved its values only. Compute it under torch.no_grad() "
+                    f"(or keep .item()) if it is only logged, or call backward() before the next loop "
+                    f"iteration")
+
+        _CUT_FUNCTION = CutGraph
+    return _CUT_FUNCTION

@@ -20,6 +20,8 @@ class CheckpointRequest:
     label: Optional[int] = None
     #: monotonic time by which a safe point must take it, else it is answered checkpoint_failed
     deadline: Optional[float] = None
+    #: safe points that were no place for it (autograd_graphs.py): it waited for the next one
+    deferred: int = 0
 
 
 def merge(a: Optional[CheckpointRequest], b: CheckpointRequest) -> CheckpointRequest:
@@ -29,4 +31,5 @@ def merge(a: Optional[CheckpointRequest], b: CheckpointRequest) -> CheckpointReq
     upgrade = b.then == "stop" and a.then != "stop"
     bounds = [d for d in (a.deadline, b.deadline) if d is not None]
     return CheckpointRequest("stop" if upgrade else a.then, b.reason if upgrade else a.reason,
-                             min(a.requested_at, b.requested_at), deadline=min(bounds) if bounds else None)
+                             min(a.requested_at, b.requested_at), deadline=min(bounds) if bounds else None,
+                             deferred=max(a.deferred, b.deferred))

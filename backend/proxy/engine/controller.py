@@ -133,6 +133,7 @@ class Controller:
     def defer(self, request: CheckpointRequest, why: str) -> None:
         """``request`` reached a safe point that is no place for a checkpoint (`why`): it stays
         pending for the next one; if its bound passes first, the timeout answer says why."""
+        request.deferred += 1
         with self._lock:
             self._pending = merge(request, self._pending) if self._pending is not None else request
             self._deferred_why = why
@@ -226,6 +227,12 @@ class Controller:
 
     def detach(self) -> None:
         self.writer.wait()  # a checkpoint being written behind the loop commits before the run ends
+        with self._lock:
+            request, deferred = self._pending, self._deferred_why
+        if request is not None and deferred:  # say why the program ended with it untaken
+            self.emit("checkpoint_failed", {
+                "error": f"the program ended before a safe point fit for a checkpoint ({deferred})",
+                "variables": [], "then": request.then, "reason": request.reason, "stage": "safe point"})
         self._stop_ticker.set()
         if self._ticker is not None:
             self._ticker.join(timeout=5)

@@ -521,7 +521,7 @@ def _variables(rt: RuntimeView) -> tuple[dict, Optional[dict]]:
     return namespace, saved_locals
 
 
-def graphs_in_use(rt: RuntimeView) -> Optional[str]:
+def graphs_in_use(rt: RuntimeView) -> Optional[autograd_graphs.GraphsHeld]:
     """Why this safe point is no place for a checkpoint (`autograd_graphs`), or None."""
     namespace, saved_locals = _variables(rt)
     scopes = [("", namespace), ("", saved_locals or {})]

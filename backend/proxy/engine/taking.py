@@ -7,11 +7,13 @@ state untouched). A request with ``then='stop'`` ends in `Preempted` once every 
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Optional
 
 from ..checkpoint import fingerprint
 from ..checkpoint.errors import CheckpointFailure, Preempted
+from . import autograd_graphs
 from .background import Snapshot
 from .checkpoint_request import CheckpointRequest
 from .ports import RuntimeView
@@ -24,21 +26,26 @@ def take(rt: RuntimeView, request: CheckpointRequest, boundary: Optional[int]) -
     started = time.monotonic()
     wait_s = max(0.0, started - request.requested_at)
     label = rt.step if request.label is None else request.label
-    in_use = graphs_in_use(rt)
-    if in_use and ctl.world_size == 1:  # wait for the next safe point (several ranks must agree: fail)
-        ctl.defer(request, in_use)
+    held = graphs_in_use(rt)
+    cut = held is not None and ctl.world_size == 1 and autograd_graphs.patience_over(request.deferred, wait_s)
+    if held is not None and ctl.world_size == 1 and not cut:  # wait for the next safe point
+        ctl.defer(request, held.why)
         return
     depends_on = fingerprint.for_event()  # now, on the program's thread (see for_event)
-    ctl.emit("checkpoint_started", {"step": label, "reason": request.reason, "then": request.then})
+    started_event = {"step": label, "reason": request.reason, "then": request.then}
+    if cut:  # waited long enough: a graph nothing backpropagates would hold checkpoints off for good
+        started_event["cut_graphs"] = sorted(set(held.tensors.values()))
+    ctl.emit("checkpoint_started", started_event)
     failure: Optional[dict] = None
     behind = writes_behind(rt, request)
     try:
-        if in_use:
-            raise CheckpointFailure(in_use)
-        if behind:  # snapshot now; write and report behind the loop
-            snap, nbytes, rebuilt = write_checkpoint(rt, boundary, label, snapshot=True)
-        else:
-            ref, nbytes, rebuilt = write_checkpoint(rt, boundary, label)
+        if held is not None and not cut:  # several ranks must agree on a safe point: fail
+            raise CheckpointFailure(held.why)
+        with autograd_graphs.cutting(held) if cut else contextlib.nullcontext():
+            if behind:  # snapshot now; write and report behind the loop
+                snap, nbytes, rebuilt = write_checkpoint(rt, boundary, label, snapshot=True)
+            else:
+                ref, nbytes, rebuilt = write_checkpoint(rt, boundary, label)
     except CheckpointFailure as e:
         failure = {"error": str(e), "variables": e.variables}
     except Exception as e:  # disk full, permissions...: report, keep running

@@ -38,7 +38,7 @@ import sys
 import weakref
 from typing import Any, Iterator, Optional
 
-from . import id_keys, iterators, lazy, rng
+from . import autograd_graphs, id_keys, iterators, lazy, rng
 
 _NOTES: contextvars.ContextVar[Optional["Tail"]] = contextvars.ContextVar("sg_training_tail", default=None)
 
@@ -93,11 +93,13 @@ def _next_hook_id() -> int:
     return hooks.RemovableHandle.next_id if hooks is not None else 0
 
 
-def note_tensor(t: Any) -> None:
-    """Called by the picklers for every tensor they write (once per tensor)."""
+def note_tensor(t: Any) -> Optional[tuple]:
+    """Called by the picklers for every tensor they write (once per tensor); returns the
+    reduction to save it with instead, when its autograd graph is being cut (autograd_graphs.py)."""
     tail = _NOTES.get()
     if tail is not None:
         tail.note_tensor(t)
+    return autograd_graphs.cut_reduction(t) if t.grad_fn is not None else None
 
 
 def _attach(grads: list, scalers: list, hooks: list = (), next_hook_id: int = 0, rekeys: list = ()) -> None:
@@ -127,8 +129,8 @@ def reduce(obj: Any) -> Any:
         return NotImplemented
     torch = lazy.torch()
     if isinstance(obj, t.tensor):
-        note_tensor(obj)
-        return NotImplemented
+        cut = note_tensor(obj)
+        return NotImplemented if cut is None else cut
     if isinstance(obj, torch.optim.Optimizer):
         return _reduce_optimizer(obj)
     if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or \
