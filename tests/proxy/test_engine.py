@@ -259,7 +259,8 @@ for k in range(2):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert stop_then_resume(src, [10, 12, 17, 21, 24], tmp_path) == expected
-    assert any("re-opened '/dev/null'" in str(w.message) for w in caught)
+    # a file the with header opens again for reading is put back where it was: nothing to warn of
+    assert not any("re-opened" in str(w.message) for w in caught)
 
 
 def test_resume_inside_a_loop_whose_body_rebinds_its_target(tmp_path):
@@ -286,7 +287,7 @@ with open({str(data)!r}) as fh:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert stop_then_resume(src, [4, 6], tmp_path) == run_plain(src)
-    assert any("re-opened" in str(w.message) for w in caught)
+    assert not any("re-opened" in str(w.message) for w in caught)  # the loop puts it back in place
 
 
 def test_preemption_bypasses_user_handlers_and_finally_but_exits_context_managers(tmp_path):

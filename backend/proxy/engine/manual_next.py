@@ -17,6 +17,7 @@ before skipping the loop's items plus its extra ones.
 from __future__ import annotations
 
 import io
+import warnings
 import weakref
 from typing import Any, Iterator, Optional
 
@@ -53,8 +54,29 @@ def start_of(value: Any) -> Optional[tuple[str, Any]]:
     return ("seek", position) if position else None
 
 
+#: files a restore's with statements opened again for reading, until a loop over them takes its place back
+_reopened: dict[int, tuple[Any, int]] = {}
+
+
+def reopened(f: Any, line: int) -> None:
+    """The restore entered the with statement at ``line`` again, which opened ``f`` again."""
+    _reopened[id(f)] = (f, line)
+
+
+def warn_reopened() -> None:
+    """Once the restore reached its position: warn of the re-opened files no loop took back to
+    their place (read with ``read()``/``readline()``: those reads start where the header left them)."""
+    for f, line in _reopened.values():
+        warnings.warn(f"restore re-entered the with statement at line {line}, which re-opened "
+                      f"{getattr(f, 'name', f)!r}: reads through it that no loop makes start where the "
+                      f"header leaves them, not where they were at the checkpoint", RuntimeWarning, stacklevel=2)
+    _reopened.clear()
+
+
 def apply_start(it: Iterator[Any], start: Optional[tuple[str, Any]]) -> None:
-    """Put a re-opened file where `start_of` found the original."""
+    """Put a re-opened file where `start_of` found the original (a loop over it is then advanced
+    back to its item)."""
+    _reopened.pop(id(it), None)
     if start is None:
         return
     how, where = start

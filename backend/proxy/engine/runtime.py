@@ -18,7 +18,6 @@ import os
 import sys
 import threading
 import time
-import warnings
 from typing import Any, Callable, Optional, Sequence
 
 from . import frames, iterators, manual_next, open_files, process_settings, rng, scoped_modes, taking
@@ -104,6 +103,7 @@ class Runtime:
     def _finish_restore(self) -> None:
         rng.apply(self._restore_rng)
         scoped_modes.apply_inner()  # grad mode, decimal context: as they were at the safe point
+        manual_next.warn_reopened()  # files a with statement opened again that no loop put back in place
         self.restoring = False
         self._path = []
         self._saved_scope = {}
@@ -269,14 +269,12 @@ class Runtime:
             return manager
         line = self.program.nodes[node].line
         saved = frame.saved_files[index] if index < len(frame.saved_files) else None
-        if saved is not None:
+        if isinstance(saved, tuple):  # a file read from with readline()/read(): where it was
+            manager.seek(saved[1])
+        elif saved is not None:
             manager = frame.managers[index] = open_files.take_over(manager, saved, f"the with statement at line {line}")
-        else:  # a file read from (or, in a checkpoint older than open_files.py, written)
-            warnings.warn(
-                f"restore re-entered the with statement at line {line}, which re-opened "
-                f"{getattr(manager, 'name', manager)!r}: reads through it start where the header leaves "
-                f"them, not where they were at the checkpoint (a for loop over it is advanced back to its "
-                f"item)", RuntimeWarning, stacklevel=2)
+        else:  # a file a loop was reading: the loop takes its place back, else the restore warns
+            manual_next.reopened(manager, line)
         return manager
 
     def next_item(self, it: Any, *default: Any) -> Any:

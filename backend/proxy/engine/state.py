@@ -429,7 +429,8 @@ def _with_files(frame: BlockFrame, line: int, failures: list[CheckpointFailure])
     """The files a ``with`` header opened for writing, in item order (None for other managers),
     saved as themselves (with their bytes, open_files.py): the restore runs the header again,
     which truncates such a file, and then goes on with the saved handle, which is the one a
-    ``csv.writer`` made inside the block refers to."""
+    ``csv.writer`` made inside the block refers to. A file opened for reading: ``("read",
+    position)``, where the restore seeks the one the header opens again."""
     out: list = []
     for manager in frame.managers:
         saved = None
@@ -440,6 +441,11 @@ def _with_files(frame: BlockFrame, line: int, failures: list[CheckpointFailure])
             except open_files.FileNotCarried as e:
                 failures.append(CheckpointFailure(f"the with statement at line {line} holds a file that "
                                                   f"cannot be saved: {e}"))
+        elif open_files.is_open_file(manager) and not manager.closed:
+            try:  # read from with readline()/read(): the restore seeks the re-opened file there
+                saved = ("read", manager.tell())
+            except OSError:  # a loop is iterating it: the loop puts it back in place (manual_next.py)
+                pass
         out.append(saved)
     return out
 
