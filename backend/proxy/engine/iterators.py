@@ -33,7 +33,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
-from . import item_digest, lazy, manual_next, rng
+from . import item_digest, lazy, manual_next, ownership, rng
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -230,19 +230,18 @@ class LoopSource:
 
 # --------------------------------------------------------------------------- objects __iter__ changes
 def iter_owners(value: Any) -> list[Any]:
-    """The objects of the program whose ``__iter__`` a re-creation of ``value``'s iterator runs
-    again: the iterable itself (an instance of a class of the program), or a DataLoader's custom
-    sampler, batch sampler and iterable dataset. Their ``__iter__`` may change them
-    (``self.epoch += 1``, a reshuffle seeded by it)."""
+    """The objects whose ``__iter__`` a re-creation of ``value``'s iterator runs again and that
+    ``__iter__`` is the program's own (`ownership.PROGRAM`): the iterable itself, or a DataLoader's
+    custom sampler, batch sampler and iterable dataset. Such an ``__iter__`` may change its object
+    (``self.epoch += 1``, a reshuffle seeded by it). A library's iterable (a tqdm bar) is left to
+    the library."""
+    candidates = [value]
     if lazy.is_dataloader(value):
         candidates = [value.sampler, value.batch_sampler]
         if lazy.is_iterable_dataset(value.dataset):
             candidates.append(value.dataset)
-        return [o for o in candidates if o is not None and not lazy.is_builtin_sampler(o)
-                and isinstance(getattr(o, "__dict__", None), dict)]
-    if type(value).__module__ == "builtins" or not isinstance(getattr(value, "__dict__", None), dict):
-        return []
-    return [value]
+    return [o for o in candidates if o is not None and isinstance(getattr(o, "__dict__", None), dict)
+            and ownership.PROGRAM(getattr(type(o), "__iter__", None))]
 
 
 #: containers up to this many entries (arrays up to this many bytes) are copied by `owner_states`

@@ -40,6 +40,7 @@ from typing import Any, Iterable, Optional, Sequence
 from singularity_sdk.config import REWRITE_MODULES_ENV
 
 from . import training_state
+from .ownership import in_job_folder
 from .rewrite import RT, rewrite_library
 
 #: library modules rewritten unless the job says otherwise: transformers' `Trainer` loop.
@@ -144,19 +145,6 @@ class _RewritingLoader(importlib.machinery.SourceFileLoader):
         if rewritten is not None:
             REGISTRY.add(module.__name__, rewritten, module)
         exec(code, module.__dict__)
-
-
-def in_job_folder(path: str, folders: Sequence[str]) -> bool:
-    """Whether the file at real ``path`` is the job's own: inside one of ``folders`` (real paths),
-    and not under a hidden folder, ``site-packages``/``dist-packages`` (a virtualenv in the
-    folder) or ``__pycache__``."""
-    for folder in folders:
-        rel = os.path.relpath(path, folder)
-        if rel == os.pardir or rel.startswith(os.pardir + os.sep):
-            continue
-        return not any(p.startswith(".") or p in ("site-packages", "dist-packages", "__pycache__")
-                       for p in rel.split(os.sep)[:-1])
-    return False
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -26,7 +26,8 @@ import warnings
 from typing import Any, Callable, Iterable, Optional
 
 from . import handles
-from .libraries import OWN_PACKAGES, in_job_folder
+from .libraries import OWN_PACKAGES
+from .ownership import in_job_folder
 from ..checkpoint.errors import CheckpointError
 from .rewrite import PREFIX
 

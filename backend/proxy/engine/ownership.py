@@ -10,9 +10,20 @@ from __future__ import annotations
 import functools
 import os
 import types
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-from .libraries import in_job_folder
+
+def in_job_folder(path: str, folders: Sequence[str]) -> bool:
+    """Whether the file at real ``path`` is the job's own: inside one of ``folders`` (real paths),
+    and not under a hidden folder, ``site-packages``/``dist-packages`` (a virtualenv in the
+    folder) or ``__pycache__``."""
+    for folder in folders:
+        rel = os.path.relpath(path, folder)
+        if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+            continue
+        return not any(p.startswith(".") or p in ("site-packages", "dist-packages", "__pycache__")
+                       for p in rel.split(os.sep)[:-1])
+    return False
 
 
 class _Owner:
