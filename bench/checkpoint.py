@@ -1,12 +1,14 @@
 """Checkpoint (preempt) and restore (resume) latency for ~10 MB, 100 MB and 1 GB of state,
 beside the disk's own sequential write and read time for the same bytes, measured in the same run.
 
-    python bench/checkpoint.py [--sizes 10,100,1000] [--reps 5] [--quick]
+    python bench/checkpoint.py [--sizes 10,100,1000] [--reps 5] [--quick] [--device cuda]
 
 A job on a 1-node LocalCluster builds a namespace of ``size`` MB of float32 tensors (16 MiB each)
 and then loops: a tiny update, ``print``, sleep 10 ms. Each repetition preempts it (``job.preempt()``)
 and resumes it (``job.resume()``), then writes and reads back the same number of bytes as its
-checkpoint in the cluster's checkpoint folder (same filesystem), with fsync.
+checkpoint in the cluster's checkpoint folder (same filesystem), with fsync. With ``--device cuda``
+the tensors live on the GPU, and the disk's write time counts the device -> host copy of the same
+bytes into page-locked memory too (the fastest copy there is, timed in this process).
 
 Preempt: ``preempting`` (request) -> ``preempted`` (all ranks exited, devices freed), split by the
 events in between: to the safe point (``checkpoint_started``; includes server -> agent -> worker
@@ -57,9 +59,9 @@ left = {nbytes} // 4
 state = []
 while left > 0:
     n = min(left, {chunk} // 4)
-    state.append(torch.rand(n))
+    state.append(torch.rand(n, device="{device}"))
     left -= n
-w = torch.zeros(1024)
+w = torch.zeros(1024, device="{device}")
 for step in range(10_000_000):
     w += state[step % len(state)][:1024]
     print(f"step {{step}} {{time.time():.6f}}", flush=True)
@@ -67,8 +69,27 @@ for step in range(10_000_000):
 '''
 
 
-def job_source(size_mb: int) -> str:
-    return JOB.format(nbytes=size_mb * MB, chunk=CHUNK)
+def job_source(size_mb: int, device: str = "cpu") -> str:
+    return JOB.format(nbytes=size_mb * MB, chunk=CHUNK, device=device)
+
+
+def device_to_host_s(nbytes: int, reps: int = 3) -> float:
+    """Median time to copy ``nbytes`` from the GPU into reused page-locked host memory."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    del src, dst
+    torch.cuda.empty_cache()
+    return statistics.median(times)
 
 
 # --------------------------------------------------------------------------- events
@@ -261,8 +282,9 @@ def disk_free_gb(folder: Path) -> float:
 
 
 # --------------------------------------------------------------------------- the measurement
-def measure_size(client: Any, ckpt_folder: Path, size_mb: int, reps: int) -> dict[str, Any]:
-    job = client.submit(job_source(size_mb), name=f"ckpt-{size_mb}MB", filename="state.py")
+def measure_size(client: Any, ckpt_folder: Path, size_mb: int, reps: int, device: str = "cpu") -> dict[str, Any]:
+    d2h = device_to_host_s(size_mb * MB) if device == "cuda" else 0.0
+    job = client.submit(job_source(size_mb, device), name=f"ckpt-{size_mb}MB", filename="state.py")
     c = Collector(job)
     rows: list[dict[str, float]] = []
     try:
@@ -281,6 +303,7 @@ def measure_size(client: Any, ckpt_folder: Path, size_mb: int, reps: int) -> dic
             rp = restart_point(c, since)
             nbytes = sp["bytes"]
             disk = best(disk_before, disk_time(ckpt_folder, nbytes))
+            disk["write"] += d2h
             rows.append({
                 "bytes": sp["bytes"], "wait_s": sp["wait_s"], "write_s": sp["write_s"],
                 "to_safe": sp["started_t"] - req.time, "write": sp["done_t"] - sp["started_t"],
@@ -363,6 +386,7 @@ def main() -> None:
     p.add_argument("--sizes", default="10,100,1000", help="state sizes in MB, comma-separated (smallest first)")
     p.add_argument("--reps", type=int, default=5, help="preempt/resume cycles per size")
     p.add_argument("--quick", action="store_true", help="10 and 100 MB, one cycle each")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the job's tensors live")
     args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.quick:
@@ -377,7 +401,7 @@ def main() -> None:
             sys.exit(f"{ckpt}: {free:.1f} GB free, {need:.1f} GB needed for {max(sizes)} MB; use --sizes")
         print(f"checkpoint folder {ckpt} ({free:.0f} GB free); sizes {sizes} MB, {args.reps} cycles each", flush=True)
         floor = start_floor()
-        results = [measure_size(client, ckpt, s, args.reps) for s in sizes]
+        results = [measure_size(client, ckpt, s, args.reps, args.device) for s in sizes]
     report(results, floor)
     print(f"({time.monotonic() - t0:.0f} s in all; load average now {os.getloadavg()[0]:.2f})")
 

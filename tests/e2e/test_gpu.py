@@ -151,3 +151,46 @@ def test_a_sandboxed_job_opens_only_its_own_gpus_device_file():
             os.close(r)
             os.close(w)
         assert expected in done.stdout + done.stderr, (own, done.stdout, done.stderr)
+
+
+@needs_gpu
+def test_device_storages_reach_the_host_through_the_page_locked_chunks():
+    """host_copy.to_host: the bytes of storages smaller than, equal to and spanning several
+    chunks (odd sizes, views) are those `.cpu()` gives, and the staging chunks are page-locked."""
+    from backend.proxy.checkpoint import dedup
+    from backend.proxy.checkpoint.host_copy import staging_chunks, to_host
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    chunk = 1 << 20
+    for n in (0, 1, chunk - 1, chunk, chunk + 3, 5 * chunk + 7):
+        t = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda", generator=g)
+        assert to_host(t.untyped_storage(), chunk_bytes=chunk).tobytes() == t.cpu().numpy().tobytes(), n
+    view = torch.randn(3000, 700, device="cuda", generator=g)[7:]
+    assert bytes(dedup.storage_bytes(view.untyped_storage())) == bytes(view.untyped_storage().cpu())
+    assert all(c.is_pinned() for c in staging_chunks())
+
+
+@needs_gpu
+def test_a_checkpoint_of_cuda_tensors_round_trips_through_blobs(tmp_path):
+    """Blob and inline storages of CUDA tensors (a model and its optimizer, views sharing a
+    storage) are written through the staging chunks and load back equal, on the device."""
+    import io
+
+    from backend.proxy.checkpoint import dedup
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 8)).cuda()
+    opt = torch.optim.Adam(net.parameters())
+    net(torch.randn(4, 512, device="cuda")).sum().backward()
+    opt.step()
+    big = torch.randn(300_000, device="cuda")
+    state = {"net": net.state_dict(), "opt": opt.state_dict(), "big": big, "view": big[10:20]}
+    buf = io.BytesIO()
+    stats = dedup.dump(state, buf, dedup.BlobStore(tmp_path / "blobs"))
+    assert stats.blob_bytes_written >= big.nbytes and stats.inline_bytes > 0
+    back = dedup.load(io.BytesIO(buf.getvalue()), dedup.BlobStore(tmp_path / "blobs"))
+    assert back["big"].is_cuda and torch.equal(back["big"], big)
+    assert back["view"].untyped_storage().data_ptr() == back["big"].untyped_storage().data_ptr()
+    for k, v in state["net"].items():
+        assert torch.equal(back["net"][k], v), k
+    assert torch.equal(back["opt"]["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])

@@ -46,6 +46,7 @@ from typing import Any, BinaryIO, Callable, Optional, Union
 import torch
 
 from . import digest as digest_module
+from .host_copy import to_host
 from .store import BLOB_DIR
 
 __all__ = ["BLOB_DIR", "BlobStore", "DumpStats", "dump", "dumps", "load", "dedup_pickler", "dedup_unpickler"]
@@ -74,9 +75,9 @@ def _tensor_bytes(t: torch.Tensor, storage: torch.UntypedStorage) -> memoryview:
 
 
 def storage_bytes(storage: torch.UntypedStorage) -> memoryview:
-    """The raw bytes of a storage (copied to the host when it lives on a device)."""
+    """The raw bytes of a storage (copied to the host when it lives on a device: host_copy.py)."""
     if storage.device.type != "cpu":
-        storage = storage.cpu()
+        return memoryview(to_host(storage))
     if storage.nbytes() == 0:
         return memoryview(b"")
     t = torch.empty(0, dtype=torch.uint8)
