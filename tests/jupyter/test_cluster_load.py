@@ -22,7 +22,8 @@ def test_the_grid_shows_a_device_load_only_where_one_is_known():
 
 @pytest.mark.skipif(not discover_gpus(), reason="no GPU visible through NVML on this machine")
 def test_the_cluster_widget_shows_gpu_load(jclient):
-    gpus = {d.uuid for n in jclient.nodes() for d in n.devices if d.kind == "cuda"}
+    # one entry per node's device: the test cluster's two agents on a one-GPU machine both offer it
+    gpus = [d.uuid for n in jclient.nodes() for d in n.devices if d.kind == "cuda"]
     if not gpus:
         pytest.skip("the test cluster's agents registered no GPUs")
     w = ClusterWidget(jclient, poll_s=5.0)

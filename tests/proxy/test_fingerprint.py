@@ -140,3 +140,33 @@ def test_a_machine_without_an_nvidia_driver_is_asked_once(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     assert [fingerprint.capture()["device"] for _ in range(3)] == ["cpu"] * 3
     assert nvml.inits == 1
+
+
+def test_a_library_reports_the_same_version_before_and_after_its_import(tmp_path, monkeypatch):
+    """A CUDA build of torch is 2.11.0 to pip and 2.11.0+cu130 to torch.__version__: the restoring
+    process (before importing) and the agent must read what the checkpoint recorded (after), or
+    every restore on a GPU machine is refused."""
+    import importlib
+    import subprocess
+    import sys
+
+    import torch
+
+    pkg = tmp_path / "cudabuild"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .version import __version__\n")
+    (pkg / "version.py").write_text("__all__ = ['__version__']\n__version__ = '1.0.0+cu130'\n")
+    dist = tmp_path / "cudabuild-1.0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cudabuild\nVersion: 1.0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = fingerprint.library_version("cudabuild")
+    assert "cudabuild" not in sys.modules
+    assert before == importlib.import_module("cudabuild").__version__ == fingerprint.library_version("cudabuild")
+    assert fingerprint.here()["torch"] == torch.__version__ == fingerprint.node([])["torch"]
+    fresh = subprocess.run([sys.executable, "-c", "import sys; from backend.proxy.checkpoint import fingerprint as f;"
+                            "print(f.here()['torch'], f.here()['numpy'], 'torch' in sys.modules)"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    import numpy
+
+    assert fresh == [torch.__version__, numpy.__version__, "False"]

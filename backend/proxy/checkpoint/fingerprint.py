@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
+import re
 import sys
 from typing import Any, Optional
 
@@ -57,8 +59,9 @@ def _installed(dist: str) -> Optional[str]:
 
 def warm() -> None:
     """Look up what every checkpoint records, once, before the warm spawner forks workers."""
-    for dist in ("torch", "numpy", ENGINE_DIST):
-        _installed(dist)
+    for module in ("torch", "numpy"):
+        _unloaded_version(module)
+    _installed(ENGINE_DIST)
 
 
 def _loaded_version(module: str) -> Optional[str]:
@@ -66,13 +69,47 @@ def _loaded_version(module: str) -> Optional[str]:
     return str(getattr(mod, "__version__", "")) or None if mod is not None else None
 
 
+#: ``__version__ = '2.11.0+cu130'`` (torch) or ``version = "2.4.6"`` (numpy) in a package's version.py
+_VERSION_LINES = (re.compile(r"^__version__\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)['\"]", re.M),
+                  re.compile(r"^version\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)['\"]", re.M))
+
+
+@functools.lru_cache(maxsize=None)
+def _unloaded_version(module: str) -> Optional[str]:
+    """What ``module.__version__`` will say, read from its ``version.py`` without importing it.
+
+    The distribution's metadata is not that: PyPI's CUDA builds of torch are version 2.11.0 to
+    pip and ``2.11.0+cu130`` to ``torch.__version__`` (what a checkpoint records), so comparing
+    the two refused every restore on a GPU machine. The metadata is the last resort."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        try:
+            with open(os.path.join(folder, "version.py"), encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        for line in _VERSION_LINES:
+            found = line.search(text)
+            if found:
+                return found.group(1)
+    return _installed(module)
+
+
+def library_version(module: str) -> Optional[str]:
+    """``module.__version__``, whether or not the module is imported yet (the same string both ways)."""
+    return _loaded_version(module) or _unloaded_version(module)
+
+
 def node(devices: list[Any]) -> dict[str, Any]:
     """This machine's fingerprint, as its agent reports it (installed versions; nothing imported).
 
     ``devices`` are the node's `DeviceInfo`; the device model is the first GPU's name, or "cpu"."""
     gpu = next((d for d in devices if getattr(d, "kind", "") == "cuda"), None)
-    fp = {"python": platform.python_version(), "torch": _installed("torch"), "numpy": _installed("numpy"),
-          "device": gpu.name if gpu is not None else "cpu"}
+    fp = {"python": platform.python_version(), "torch": library_version("torch"),
+          "numpy": library_version("numpy"), "device": gpu.name if gpu is not None else "cpu"}
     return {**fp, **_override()}
 
 
@@ -171,8 +208,8 @@ def for_event() -> dict[str, Any]:
 
 def here() -> dict[str, Any]:
     """What a restoring process compares a checkpoint with (before importing anything)."""
-    fp = {"python": platform.python_version(), "torch": _installed("torch"), "numpy": _installed("numpy"),
-          "device": _visible_gpu_name() or "cpu"}
+    fp = {"python": platform.python_version(), "torch": library_version("torch"),
+          "numpy": library_version("numpy"), "device": _visible_gpu_name() or "cpu"}
     return {**fp, **_override()}
 
 
