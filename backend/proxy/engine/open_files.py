@@ -10,7 +10,8 @@ to the position. Reading files get their position back; their contents are the u
 are not copied. A character device (``/dev/null``) is opened again by name.
 
 A read-only ``numpy.memmap`` of a whole file (a token dataset) is saved as the file's name, not its
-bytes, and mapped again on restore (refused then if the file's size changed).
+bytes, and mapped again on restore (refused then if the file's size changed); so is an open
+``.npz`` archive (``d = np.load("train.npz")``), loaded again with ``np.load``.
 
 A file whose contents are larger than `MAX_CONTENT_BYTES` is refused with advice, as are streams
 that are not regular files (pipes, sockets, ttys): nothing can put them back where they were.
@@ -219,6 +220,38 @@ def _reopen_memmap(path: str, relative: bool, dtype: Any, offset: int, shape: tu
                               f"{'is missing' if now is None else f'holds {now}'} here; restore it as it was, or "
                               f"start the job over")
     return np.memmap(where, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
+
+
+def reduce_npz(obj: Any) -> Any:
+    """An open ``numpy.lib.npyio.NpzFile`` (``d = np.load("data.npz")`` kept in a variable), saved
+    as its file's name and loaded again with ``np.load``: it holds an open zip archive, which no
+    pickle can carry, so every checkpoint of a program holding one was refused. The file must be
+    the same size on restore (a changed dataset is refused, as for a read-only memmap). A closed
+    one pickles as it is; one over a stream that is not a file on disk: NotImplemented."""
+    fid = getattr(obj, "fid", None)
+    name = getattr(fid, "name", None)
+    if fid is None or not isinstance(name, str) or not os.path.isfile(name):
+        return NotImplemented
+    path = os.path.realpath(name)
+    rel, relative = context.relative_path(path)
+    options = {"allow_pickle": bool(getattr(obj, "allow_pickle", False))}
+    if hasattr(obj, "max_header_size"):
+        options["max_header_size"] = obj.max_header_size
+    return _reopen_npz, (rel, relative, os.path.getsize(path), options)
+
+
+def _reopen_npz(path: str, relative: bool, size: int, options: dict[str, Any]) -> Any:
+    import numpy as np
+
+    from ..checkpoint.errors import CheckpointError
+
+    where = context.resolve_path(path, relative)
+    now = os.path.getsize(where) if os.path.exists(where) else None
+    if now != size:
+        raise CheckpointError(f"the job holds {where!r} open (np.load of an .npz), which held {size} bytes at the "
+                              f"checkpoint and {'is missing' if now is None else f'holds {now}'} here; restore it "
+                              f"as it was, or start the job over")
+    return np.load(where, **options)
 
 
 def reduce(obj: Any) -> Any:

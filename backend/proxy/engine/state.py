@@ -152,7 +152,7 @@ def _decided_by_type(obj: Any, t: type) -> bool:
     all of them but these look at the type alone."""
     torch_types = lazy.torch_types()
     return not issubclass(t, type) and t is not types.FunctionType \
-        and not isinstance(obj, (io.IOBase, types.ModuleType)) and t.__name__ != "memmap" \
+        and not isinstance(obj, (io.IOBase, types.ModuleType)) and t.__name__ not in ("memmap", "NpzFile") \
         and not (torch_types is not None and isinstance(obj, torch_types.tensor)) \
         and type(getattr(t, "_shared_state", None)) is not dict and not array_views.is_array(obj)
 
@@ -230,6 +230,10 @@ class ProxyPickler(cloudpickle.Pickler):
                     f"and close it inside the loop body (append mode), or write a plain file")
         if t.__name__ == "memmap" and t.__module__ == "numpy":
             reduced = open_files.reduce_memmap(obj)
+            if reduced is not NotImplemented:
+                return reduced
+        if t.__name__ == "NpzFile" and t.__module__.startswith("numpy."):
+            reduced = open_files.reduce_npz(obj)
             if reduced is not NotImplemented:
                 return reduced
         if lazy.is_dataloader(obj):
