@@ -96,3 +96,41 @@ def test_a_graph_nothing_backpropagates_is_cut_after_a_while_and_backprop_throug
     failed = launcher.run(target + ["--checkpoint-dir", str(ck), "--restore"], {"BACKPROP_IT": "1"})
     assert failed.rc != 0 and "the autograd graph of `val_loss` was cut by a checkpoint" in failed.stderr, \
         failed.describe()
+
+
+LONG_ACCUMULATION = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+X = torch.randn(32, 4); Y = X.sum(1, keepdim=True)
+losses = []
+total = 0.0
+for i in range(240):                             # 80 micro-batch losses summed, then one backward()
+    total = total + nn.functional.mse_loss(model(X[i % 32:i % 32 + 1]), Y[i % 32:i % 32 + 1]) / 80
+    losses.append(total)                         # a list that grows with the graph
+    if i % 80 == 79:
+        opt.zero_grad(); total.backward(); opt.step()
+        print(i, f"{total.item():.6f}")
+        total = 0.0
+        losses = []
+"""
+
+
+def test_an_accumulation_longer_than_the_patience_is_waited_for_not_cut(launcher, tmp_path):
+    """Summing more micro-batch losses than the safe points' patience before one backward():
+    the graph grows at every safe point, so the request waits for the backward instead of
+    cutting the sum (whose backward() would then have failed after a restore)."""
+    script = tmp_path / "accumulate.py"
+    script.write_text(textwrap.dedent(LONG_ACCUMULATION))
+    target = [str(script)]
+    base, trace = trace_of(launcher, target, tmp_path)
+    loop = [t["step"] for t in trace if t["kind"] == "loop" and len(t["loops"]) == 1]
+    for step in (loop[85], loop[5]):  # early in the second group, and in the first
+        ck = tmp_path / f"ck-{step}"
+        stopped = launcher.run(target + ["--checkpoint-dir", str(ck), "--stop-at-step", str(step)])
+        assert stopped.rc == EXIT_PREEMPTED, stopped.describe()
+        [started] = [d for _, d in stopped.events("checkpoint_started")]
+        assert "cut_graphs" not in started and started["step"] > step + 50, started
+        resumed = launcher.run(target + ["--checkpoint-dir", str(ck), "--restore"])
+        assert resumed.rc == 0 and stopped.stdout + resumed.stdout == base.stdout, resumed.describe()

@@ -14,7 +14,10 @@ diagnostic ``penalty = w.abs().sum()`` kept for printing) would hold checkpoints
 So after `PATIENCE_SAFE_POINTS` safe points or `PATIENCE_S` seconds of waiting, the checkpoint is
 taken with those tensors *cut* (`cutting`): each comes back with its values and a graph of one
 node whose backward raises, naming the variable. A program that never backpropagates it resumes
-exactly; one that does fails there, loudly, instead of updating nothing.
+exactly; one that does fails there, loudly, instead of updating nothing. A safe point at which the
+held graph has *grown* from the one held at the last (`grows`: ``total = total + loss`` over many
+micro-batches, losses appended to a list) does not count against the safe points' patience, only
+against the seconds': an accumulation of more than 50 micro-batches is waited for, not cut.
 """
 from __future__ import annotations
 
@@ -101,6 +104,40 @@ def in_use(scopes: Iterable[tuple[str, dict]]) -> Optional[GraphsHeld]:
     return GraphsHeld(why, tensors, keep)
 
 
+def nodes(held: GraphsHeld) -> list:
+    """The graph nodes ``held``'s tensors end in (kept by the waiting request, for `grows`)."""
+    return [t.grad_fn for t in held.keep]
+
+
+#: grad_fn nodes looked at per tensor when asking whether it grew from an earlier one
+_MAX_GROWTH_NODES = 32
+
+
+def grows(held: GraphsHeld, before: Optional[list]) -> bool:
+    """Whether the graphs held now extend those held at the last safe point (``before``: `nodes`):
+    some node is new, and a new one is an earlier one or reaches one within a few steps. The
+    same graphs unchanged (a validation loss kept all epoch), or new ones made afresh (one
+    recomputed every step), do not grow."""
+    if not before:
+        return False
+    earlier = {id(n) for n in before}
+    now = nodes(held)
+    if {id(n) for n in now} <= earlier:
+        return False
+    for node in now:
+        seen = 0
+        todo = [node]
+        while todo and seen < _MAX_GROWTH_NODES:
+            n = todo.pop()
+            if n is None:
+                continue
+            if id(n) in earlier:
+                return True
+            seen += 1
+            todo.extend(fn for fn, _ in getattr(n, "next_functions", ()))
+    return False
+
+
 def patience_over(deferred: int, waited_s: float) -> bool:
     """Whether a request has waited long enough for a safe point without graphs: cut them."""
     return deferred >= PATIENCE_SAFE_POINTS or waited_s >= PATIENCE_S
@@ -149,8 +186,8 @@ def _cut_function() -> type:
             def backward(ctx: Any, grad: Any) -> Any:
                 raise RuntimeError(
                     f"the autograd graph of {ctx.label} was cut by a checkpoint: the job waited "
-                    f"{PATIENCE_SAFE_POINTS} safe points for one where no variable held a graph still to "
-                    f"be backpropagated, then saved its values only. Compute it under torch.no_grad() "
+                    f"{PATIENCE_SAFE_POINTS} safe points (or {PATIENCE_S:g} s) for one where no variable held "
+                    f"a graph still to be backpropagated, then saved its values only. Compute it under torch.no_grad() "
                     f"(or keep .item()) if it is only logged, or call backward() before the next loop "
                     f"iteration")
 

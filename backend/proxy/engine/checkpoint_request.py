@@ -1,8 +1,8 @@
 """A checkpoint asked of a running program, and how two pending requests become one."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, Optional
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
 
 Then = Literal["continue", "stop"]
 
@@ -21,7 +21,10 @@ class CheckpointRequest:
     #: monotonic time by which a safe point must take it, else it is answered checkpoint_failed
     deadline: Optional[float] = None
     #: safe points that were no place for it (autograd_graphs.py): it waited for the next one
+    #: (those at which the held graph only grew, an accumulation under way, are not counted)
     deferred: int = 0
+    #: the graph nodes held at the last of them (autograd_graphs.nodes), to tell growth
+    graph_nodes: Optional[list[Any]] = field(default=None, repr=False, compare=False)
 
 
 def merge(a: Optional[CheckpointRequest], b: CheckpointRequest) -> CheckpointRequest:
@@ -32,4 +35,5 @@ def merge(a: Optional[CheckpointRequest], b: CheckpointRequest) -> CheckpointReq
     bounds = [d for d in (a.deadline, b.deadline) if d is not None]
     return CheckpointRequest("stop" if upgrade else a.then, b.reason if upgrade else a.reason,
                              min(a.requested_at, b.requested_at), deadline=min(bounds) if bounds else None,
-                             deferred=max(a.deferred, b.deferred))
+                             deferred=max(a.deferred, b.deferred),
+                             graph_nodes=a.graph_nodes if a.graph_nodes is not None else b.graph_nodes)

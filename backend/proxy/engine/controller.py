@@ -130,10 +130,11 @@ class Controller:
             "bound_s": None if request.deadline is None else round(request.deadline - request.requested_at, 3),
             "then": request.then, "reason": request.reason, "stage": stage})
 
-    def defer(self, request: CheckpointRequest, why: str) -> None:
+    def defer(self, request: CheckpointRequest, why: str, counts: bool = True) -> None:
         """``request`` reached a safe point that is no place for a checkpoint (`why`): it stays
-        pending for the next one; if its bound passes first, the timeout answer says why."""
-        request.deferred += 1
+        pending for the next one; if its bound passes first, the timeout answer says why.
+        ``counts``: whether this safe point counts against its patience (autograd_graphs.py)."""
+        request.deferred += counts
         with self._lock:
             self._pending = merge(request, self._pending) if self._pending is not None else request
             self._deferred_why = why

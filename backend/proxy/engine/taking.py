@@ -27,10 +27,14 @@ def take(rt: RuntimeView, request: CheckpointRequest, boundary: Optional[int]) -
     wait_s = max(0.0, started - request.requested_at)
     label = rt.step if request.label is None else request.label
     held = graphs_in_use(rt)
-    cut = held is not None and ctl.world_size == 1 and autograd_graphs.patience_over(request.deferred, wait_s)
-    if held is not None and ctl.world_size == 1 and not cut:  # wait for the next safe point
-        ctl.defer(request, held.why)
-        return
+    cut = False
+    if held is not None and ctl.world_size == 1:
+        growing = autograd_graphs.grows(held, request.graph_nodes)
+        request.graph_nodes = autograd_graphs.nodes(held)
+        cut = autograd_graphs.patience_over(request.deferred, wait_s)
+        if not cut:  # wait for the next safe point
+            ctl.defer(request, held.why, counts=not growing)
+            return
     depends_on = fingerprint.for_event()  # now, on the program's thread (see for_event)
     started_event = {"step": label, "reason": request.reason, "then": request.then}
     if cut:  # waited long enough: a graph nothing backpropagates would hold checkpoints off for good
