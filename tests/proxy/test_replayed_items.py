@@ -276,3 +276,48 @@ def test_lines_taken_with_next_from_a_reopened_file_are_taken_again(launcher, tm
         stops = pick_stops(trace, seed, extra=3)
         out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
         assert out == base.stdout, f"seed {seed}, stops {stops}"
+
+
+HELPER_READS_THE_HEADER = '''
+import os
+from readers import read_header, next_pair
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+path = os.path.join(HERE, "rows.csv")
+with open(path, "w") as out:
+    out.write("x,y\\n")
+    for i in range(8):
+        out.write(f"{i},{i * i}\\n")
+
+def main():
+    with open(path) as f:
+        cols = read_header(f)
+        for line in f:
+            other = next_pair(f)
+            print(cols, line.strip(), other)
+
+if __name__ == "__main__":
+    main()
+'''
+
+READERS = '''
+def read_header(f):
+    return next(f).strip().split(",")
+
+
+def next_pair(f):
+    return next(f, "end").strip()
+'''
+
+
+def test_lines_a_helper_module_takes_with_next_are_taken_again(launcher, tmp_path):
+    """``next(f)`` in a helper module beside the script (a header reader, a record's second line):
+    the restore re-opened the file and was refused (other items than the loop had taken)."""
+    (tmp_path / "readers.py").write_text(READERS)
+    target = _script(tmp_path, HELPER_READS_THE_HEADER)
+    base, trace = trace_of(launcher, target, tmp_path)
+    assert "['x', 'y'] 0,0 1,1" in base.stdout, base.stdout
+    for seed in (1, 2):
+        stops = pick_stops(trace, seed, extra=2)
+        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
+        assert out == base.stdout, f"seed {seed}, stops {stops}"

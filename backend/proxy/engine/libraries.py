@@ -122,7 +122,12 @@ def _distributions_by_package() -> dict[str, list[str]]:
 
 
 class _RewritingLoader(importlib.machinery.SourceFileLoader):
-    """Compiles the module's source through `rewrite_library` (never from or into a ``.pyc``)."""
+    """Compiles the module's source through `rewrite_library` (never from or into a ``.pyc``).
+    ``own``: a module of the job's folder (its ``next()`` calls are counted too), not a named library."""
+
+    def __init__(self, fullname: str, path: str, own: bool = False) -> None:
+        super().__init__(fullname, path)
+        self.own = own
 
     def get_code(self, fullname: str) -> types.CodeType:  # type: ignore[override]
         path = self.get_filename(fullname)
@@ -132,7 +137,7 @@ class _RewritingLoader(importlib.machinery.SourceFileLoader):
         if owner is not None and owner != fullname:
             REGISTRY.skipped[fullname] = f"its id range is taken by {owner}"
             return compile(source, path, "exec", dont_inherit=True)
-        rewritten = rewrite_library(source, path, base)
+        rewritten = rewrite_library(source, path, base, count_next=self.own)
         self._rewritten = rewritten
         REGISTRY.bases[base] = fullname
         return compile(rewritten.tree, path, "exec", dont_inherit=True)
@@ -181,15 +186,15 @@ class _Finder(importlib.abc.MetaPathFinder):
         plain = spec is not None and spec.origin is not None and spec.origin.endswith(".py") \
             and spec.submodule_search_locations is None
         if not named:  # the job's own module, or nothing of ours to do
-            return self._rewriting(fullname, spec) if plain and self._user_source(spec.origin) else None
+            return self._rewriting(fullname, spec, own=True) if plain and self._user_source(spec.origin) else None
         if not plain:
             REGISTRY.skipped.setdefault(fullname, "not a plain Python source module")
             return None
         return self._rewriting(fullname, spec)
 
     @staticmethod
-    def _rewriting(fullname: str, spec: Any) -> Any:
-        spec.loader = _RewritingLoader(fullname, spec.origin)
+    def _rewriting(fullname: str, spec: Any, own: bool = False) -> Any:
+        spec.loader = _RewritingLoader(fullname, spec.origin, own)
         spec.cached = None
         return spec
 

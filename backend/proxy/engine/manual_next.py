@@ -7,7 +7,8 @@ Two shapes take items the loop never sees: a header read before the loop
 read in the body (``for src in f: tgt = next(f)``). Skipping only the loop's items then resumed
 one line off: the restore refused, or the pairs came out misaligned, silently.
 
-So the program's ``next(...)`` calls go through `Runtime.next_item` (the rewrite renames them),
+So the program's ``next(...)`` calls, and those of the helper modules of the job's folder, go
+through `Runtime.next_item` (the rewrite renames them),
 which counts, per text file, the lines taken so (`took`), and, per loop whose replayed leaf the
 item came from, the extra items (the loop frame's ``extra``, folded into its items' digest too).
 A loop records where its file started (`start_of`: the position when ``tell()`` still works,

@@ -620,13 +620,17 @@ def rewrite_module(source: str, filename: str) -> Rewritten:
                      defs=rw.defs, unchanged_defs=rw.unchanged_defs, call_spans=rw.call_spans)
 
 
-def rewrite_library(source: str, filename: str, base: int) -> Rewritten:
+def rewrite_library(source: str, filename: str, base: int, count_next: bool = False) -> Rewritten:
     """Rewrite the functions of a library module (`libraries`), not its top level: the module
     body runs as it is when imported; every function holding a loop or a call site gets safe
-    points like a function of the program.  Node and function ids start above ``base``."""
+    points like a function of the program.  Node and function ids start above ``base``.
+    ``count_next``: the module is the job's own (a helper beside the script), whose ``next()``
+    calls are the program's (manual_next.py: ``skip_header(f)`` before the loop reads ``f``)."""
     tree = ast.parse(source, filename=filename, mode="exec")
     rw = _Rewriter(declared_global(tree), library_roots(tree) | {RT}, base=base)
     rw.functions(tree)
+    if count_next:
+        _count_next_calls(tree)
     ast.fix_missing_locations(tree)
     return Rewritten(tree, rw.nodes, [], frozenset(rw.unstable), bool(rw.nodes), defs=rw.defs,
                      unchanged_defs=rw.unchanged_defs, call_spans=rw.call_spans)
