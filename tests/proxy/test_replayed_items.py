@@ -321,3 +321,39 @@ def test_lines_a_helper_module_takes_with_next_are_taken_again(launcher, tmp_pat
         stops = pick_stops(trace, seed, extra=2)
         out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
         assert out == base.stdout, f"seed {seed}, stops {stops}"
+
+
+# A text file held in a variable (no with statement): next() and the for loop disable its tell(),
+# so every checkpoint in such a loop was refused ("its position cannot be saved").
+FILE_IN_A_VARIABLE = """
+import os
+HERE = os.path.dirname(os.path.abspath(__file__))
+path = os.path.join(HERE, "rows.txt")
+with open(path, "w") as out:
+    out.write("# comment\\n# another\\nname,value\\n")
+    for i in range(12):
+        out.write(f"r{i},{i * i}\\n")
+
+def main():
+    f = open(path)
+    for line in f:                     # skip the comments, then stop at the header
+        if not line.startswith("#"):
+            break
+    cols = line.strip().split(",")
+    for line in f:                     # a second loop over the same file
+        other = next(f, "end").strip()  # two rows per record
+        print(cols, line.strip(), other)
+    f.close()
+
+main()
+"""
+
+
+def test_a_text_file_in_a_variable_read_by_loops_and_next_resumes_where_it_was(launcher, tmp_path):
+    target = _script(tmp_path, FILE_IN_A_VARIABLE)
+    base, trace = trace_of(launcher, target, tmp_path)
+    assert "['name', 'value'] r0,0 r1,1" in base.stdout, base.stdout
+    for seed in (1, 2, 3):
+        stops = pick_stops(trace, seed, extra=3)
+        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
+        assert out == base.stdout, f"seed {seed}, stops {stops}"

@@ -14,6 +14,14 @@ item came from, the extra items (the loop frame's ``extra``, folded into its ite
 A loop records where its file started (`start_of`: the position when ``tell()`` still works,
 else the lines taken by ``next()``), and a restore puts the re-opened file there (`apply_start`)
 before skipping the loop's items plus its extra ones.
+
+A text file the program holds in a variable (``f = open(p)``; ``header = next(f)``; ``for line
+in f:``) is pickled with its place, but ``next()`` and a ``for`` loop disable its ``tell()``. So
+every text file's lines are counted from an *anchor*, the last ``tell()`` known before them
+(`anchor`, at each counted ``next()`` and at each loop's start): the loops of the program read
+it through `CountedLines`, and its ``next()`` calls are counted by `took`. `place` gives (anchor,
+lines since) for a file whose ``tell()`` is disabled; the restore seeks the anchor and reads that
+many lines (open_files.py).
 """
 from __future__ import annotations
 
@@ -24,8 +32,65 @@ from typing import Any, Iterator, Optional
 
 from . import item_digest
 
-#: text file -> lines the program took from it with next()
+#: text file -> lines the program took from it with next() since its anchor
 _lines: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+#: text file -> the tell() cookie its counted lines start from
+_anchors: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+#: text file -> the loop readers (`CountedLines`) made since its anchor
+_loops: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+
+
+def anchor(f: Any) -> None:
+    """Before lines of text file ``f`` are counted: where ``tell()`` still works (no ``next()``
+    or loop has read it since it was opened, sought or anchored), counting starts again there."""
+    try:
+        cookie = f.tell()
+    except (OSError, ValueError):  # lines are being counted from an earlier anchor, or f is closed
+        return
+    _anchors[f] = cookie
+    _lines[f] = 0
+    _loops[f] = []
+
+
+class CountedLines:
+    """A loop's reader of a text file: the lines pass through, counted (`place`)."""
+
+    __slots__ = ("f", "n", "__weakref__")
+
+    def __init__(self, f: Any) -> None:
+        anchor(f)
+        self.f = f
+        self.n = 0
+        _loops.setdefault(f, []).append(self)
+
+    def __iter__(self) -> "CountedLines":
+        return self
+
+    def __next__(self) -> Any:
+        line = next(self.f)
+        self.n += 1
+        return line
+
+
+def counted(value: Any) -> Any:
+    """The iterator a loop over ``value`` reads: a readable text file's lines are counted."""
+    if isinstance(value, io.TextIOWrapper) and not value.closed and value.readable():
+        return CountedLines(value)
+    return iter(value)
+
+
+def place(f: Any) -> Optional[tuple[int, int]]:
+    """(anchor cookie, lines read since) of text file ``f``, or None where its lines were not
+    counted (read by something other than the program's loops and ``next()`` calls)."""
+    cookie = _anchors.get(f)
+    if cookie is None:
+        return None
+    return cookie, _lines.get(f, 0) + sum(reader.n for reader in _loops.get(f, ()))
+
+
+def _reads(digesting: Any, it: Any) -> bool:
+    inner = digesting.it
+    return inner is it or (type(inner) is CountedLines and inner.f is it)
 
 
 def took(stack: list, it: Any, item: Any) -> None:
@@ -37,21 +102,24 @@ def took(stack: list, it: Any, item: Any) -> None:
         if not digests:
             continue
         for index, digesting in digests.items():
-            if digesting.it is it:
+            if _reads(digesting, it):
                 frame.extra[index] = frame.extra.get(index, 0) + 1
                 digesting.value = item_digest.fold(digesting.value, item)
                 return
 
 
-def start_of(value: Any) -> Optional[tuple[str, Any]]:
-    """Where a text file a loop starts on stands: ``("seek", cookie)``, or ``("lines", n)`` after
-    ``next()`` calls (which disable ``tell()``); None for anything else or a file at its start."""
+def start_of(value: Any) -> Optional[tuple]:
+    """Where a text file a loop starts on stands: ``("seek", cookie)``, or ``("seek", cookie, n)``
+    after lines read by ``next()`` or a loop since a known ``tell()`` (which they disable; an
+    earlier engine wrote ``("lines", n)``, from the file's start); None for anything else or a
+    file at its start."""
     if not isinstance(value, io.TextIOBase) or not value.readable():
         return None
     try:
         position = value.tell()
     except (OSError, ValueError):
-        return ("lines", _lines.get(value, 0))
+        known = place(value)
+        return ("seek", *known) if known is not None else ("lines", _lines.get(value, 0))
     return ("seek", position) if position else None
 
 
@@ -80,9 +148,16 @@ def apply_start(it: Iterator[Any], start: Optional[tuple[str, Any]]) -> None:
     _reopened.pop(id(it), None)
     if start is None:
         return
-    how, where = start
+    how, where, *lines = start
     if how == "seek":
         it.seek(where)  # type: ignore[attr-defined]
+        skip_lines(it, lines[0] if lines else 0)
         return
-    for _ in range(where):
-        next(it, None)
+    skip_lines(it, where)
+
+
+def skip_lines(f: Any, n: int) -> None:
+    """Read ``n`` lines of ``f`` with ``readline()``, which (unlike ``next()``) leaves ``tell()`` working."""
+    for _ in range(n):
+        if not f.readline():
+            break
