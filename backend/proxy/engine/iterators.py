@@ -311,7 +311,7 @@ def _may_be_replayed(leaf: Leaf) -> bool:
 def _build(tree: Any) -> Iterator[Any]:
     if isinstance(tree, Leaf):
         tree.start = manual_next.start_of(tree.value)
-        tree.iterator = manual_next.counted(tree.value)
+        tree.iterator = manual_next.reader_of(tree.value)
         if _may_be_replayed(tree):
             tree.digest = item_digest.Digesting(tree.iterator)
             return tree.digest
@@ -492,7 +492,7 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
                 return zip(*kids, **state["kwargs"])
             return kids[0]
         if how == "pickled":  # a DataLoader's iterator replayed its batches as it was unpickled
-            return compared(state, manual_next.counted(state["iterator"]))
+            return compared(state, manual_next.reader_of(state["iterator"]))
         if how == "dataloader":
             return compared(state, _advance_dataloader(state["loader"], state["mode"], k, line, text_of(state)))
         if how == "seq":
@@ -508,7 +508,7 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
                 raise CheckpointError(f"the loop at line {line} cannot re-create `{text_of(state)}`")
             made = maker()
             manual_next.apply_start(made, state.get("start"))  # a header read before the loop
-            return replay(state, manual_next.counted(made))
+            return replay(state, manual_next.reader_of(made))
         assert how == "iterable", how
         return replay(state, iter(state["iterable"]))
 

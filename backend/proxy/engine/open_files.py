@@ -27,7 +27,7 @@ import weakref
 from dataclasses import dataclass
 from typing import IO, Any, Optional
 
-from . import context, manual_next
+from . import context
 
 #: above this, a written file's bytes are not copied into every checkpoint: the save is refused
 MAX_CONTENT_BYTES = 256 << 20
@@ -53,9 +53,6 @@ class FileState:
     encoding: Optional[str] = None  # text files only
     errors: Optional[str] = None
     raw: bool = False  # opened unbuffered (``buffering=0``)
-    #: lines to read after seeking ``position``: a text file read by next() or a loop, whose
-    #: tell() that disables (manual_next.place)
-    lines: int = 0
 
     @property
     def absolute(self) -> str:
@@ -96,12 +93,11 @@ def capture(f: Any, content: bool = True) -> FileState:
                                  f"statement inside the loop, or close it before the loop")
         if writable(f):
             f.flush()
-        position, lines = _place(f)
+        position = f.tell()
         path = os.readlink(f"/proc/self/fd/{fd}")
     except OSError as exc:
-        raise FileNotCarried(f"the place in the open file {name!r} cannot be saved ({exc}): it was read by "
-                             f"something other than the program's loops and next() calls (a library); open "
-                             f"it in a with statement around the loop (`with open(path) as f:`): a restore "
+        raise FileNotCarried(f"the place in the open file {name!r} cannot be saved ({exc}: a library iterated "
+                             f"it, csv.reader(f) say); open it in a with statement around the loop (`with open(path) as f:`): a restore "
                              f"opens it again and takes the lines read before (with next() or the loop) "
                              f"again") from exc
     if path.endswith(" (deleted)"):
@@ -119,19 +115,7 @@ def capture(f: Any, content: bool = True) -> FileState:
     rel, relative = context.relative_path(path)
     text = isinstance(f, io.TextIOWrapper)
     return FileState(rel, relative, str(getattr(f, "mode", "rb")), position, data,
-                     f.encoding if text else None, f.errors if text else None, isinstance(f, io.FileIO), lines)
-
-
-def _place(f: Any) -> tuple[int, int]:
-    """(position, lines after it) of ``f``: its ``tell()``, or for a text file whose ``tell()``
-    ``next()`` disabled, where its counted lines began and how many (manual_next.place)."""
-    try:
-        return f.tell(), 0
-    except OSError:
-        known = manual_next.place(f) if isinstance(f, io.TextIOWrapper) else None
-        if known is None:
-            raise
-        return known
+                     f.encoding if text else None, f.errors if text else None, isinstance(f, io.FileIO))
 
 
 def take_over(fresh: Any, handle: Any, where: str) -> Any:
@@ -151,7 +135,6 @@ def take_over(fresh: Any, handle: Any, where: str) -> Any:
         _put_back(handle.fileno(), state.content, handle)
     if state.position >= 0:
         handle.seek(state.position)
-        manual_next.skip_lines(handle, getattr(state, "lines", 0))
     return handle
 
 
@@ -187,7 +170,6 @@ def reopen(state: FileState) -> IO:
         f = open(path, mode, encoding=state.encoding, errors=state.errors)
     if "a" not in mode and state.position >= 0:
         f.seek(state.position)
-        manual_next.skip_lines(f, getattr(state, "lines", 0))
     _reopened[f] = state
     return f
 

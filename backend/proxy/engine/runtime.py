@@ -280,10 +280,8 @@ class Runtime:
     def next_item(self, it: Any, *default: Any) -> Any:
         """The program's ``next(it[, default])`` (the rewrite renames it): counted, so a restore
         that re-creates ``it`` takes the same items again (manual_next.py)."""
-        if isinstance(it, io.TextIOBase):
-            manual_next.anchor(it)
         try:
-            item = next(it)
+            item = manual_next.next_line(it, default) if manual_next.is_text_file(it) else next(it)
         except StopIteration:
             if default:
                 return default[0]
