@@ -162,5 +162,5 @@ def test_an_open_npz_archive_is_saved_as_its_file(job_folder):
     d.close()
     assert pickle.loads(dumps({"closed": d}))["closed"].fid is None  # a closed one pickles as it is
     np.savez("train.npz", x=np.arange(3))  # the dataset changed since the checkpoint
-    with pytest.raises(CheckpointError, match=r"np.load of an .npz\), which held \d+ bytes at the checkpoint"):
+    with pytest.raises(CheckpointError, match=r"\(np.load of an .npz\), which held \d+ bytes at the checkpoint"):
         pickle.loads(saved)

@@ -96,10 +96,10 @@ def capture(f: Any, content: bool = True) -> FileState:
         position = f.tell()
         path = os.readlink(f"/proc/self/fd/{fd}")
     except OSError as exc:
-        raise FileNotCarried(f"the place in the open file {name!r} cannot be saved ({exc}: a library iterated "
-                             f"it, csv.reader(f) say); open it in a with statement around the loop (`with open(path) as f:`): a restore "
-                             f"opens it again and takes the lines read before (with next() or the loop) "
-                             f"again") from exc
+        raise FileNotCarried(f"the place in the open file {name!r} cannot be saved ({exc}: a library "
+                             f"iterated it, csv.reader(f) say); open it in a with statement around the loop "
+                             f"(`with open(path) as f:`): a restore opens it again and takes the lines read "
+                             f"before (with next() or the loop) again") from exc
     if path.endswith(" (deleted)"):
         raise FileNotCarried(f"the open file {name!r} was deleted from disk; a restore could not re-open it")
     data = None
@@ -207,19 +207,13 @@ def _reopen_memmap(path: str, relative: bool, dtype: Any, offset: int, shape: tu
                    data: Optional[bytes] = None) -> Any:
     import numpy as np
 
-    from ..checkpoint.errors import CheckpointError
-
     where = context.resolve_path(path, relative)
     if data is not None:  # a writable map: the file as it was at the checkpoint
         os.makedirs(os.path.dirname(where), exist_ok=True)
         with open(where, "wb") as f:
             f.write(data)
         return np.memmap(where, dtype=dtype, mode="r+", offset=offset, shape=shape, order=order)
-    now = os.path.getsize(where) if os.path.exists(where) else None
-    if now != size:
-        raise CheckpointError(f"the job maps {where!r} (numpy.memmap), which held {size} bytes at the checkpoint and "
-                              f"{'is missing' if now is None else f'holds {now}'} here; restore it as it was, or "
-                              f"start the job over")
+    _check_size(where, size, "maps", "numpy.memmap")
     return np.memmap(where, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
 
 
@@ -244,15 +238,20 @@ def reduce_npz(obj: Any) -> Any:
 def _reopen_npz(path: str, relative: bool, size: int, options: dict[str, Any]) -> Any:
     import numpy as np
 
+    where = context.resolve_path(path, relative)
+    _check_size(where, size, "holds", "np.load of an .npz")
+    return np.load(where, **options)
+
+
+def _check_size(where: str, size: int, verb: str, what: str) -> None:
+    """Refuse a restore whose input file (a dataset the job maps or holds open) changed size."""
     from ..checkpoint.errors import CheckpointError
 
-    where = context.resolve_path(path, relative)
     now = os.path.getsize(where) if os.path.exists(where) else None
     if now != size:
-        raise CheckpointError(f"the job holds {where!r} open (np.load of an .npz), which held {size} bytes at the "
-                              f"checkpoint and {'is missing' if now is None else f'holds {now}'} here; restore it "
-                              f"as it was, or start the job over")
-    return np.load(where, **options)
+        raise CheckpointError(f"the job {verb} {where!r} ({what}), which held {size} bytes at the checkpoint and "
+                              f"{'is missing' if now is None else f'holds {now}'} here; restore it as it was, or "
+                              f"start the job over")
 
 
 def reduce(obj: Any) -> Any:
