@@ -133,3 +133,35 @@ def test_data_attributes_of_a_modules_classes_come_back_and_their_methods_stay_t
     assert again.Meter.count == 2 and again.Meter.instances == graph["namespace"]["meters"]
     assert again.Meter.instances[0].total() == 2 and again.Phase.TRAIN.value == 1
     sys.modules.pop("jobmeters", None)
+
+
+def test_state_held_by_a_modules_functions_comes_back(job_folder):
+    """A closure a call made (`next_id = make_counter()`), a mutable default used as storage, a
+    function attribute used as a counter, and a default that is one of the module's objects
+    (`quiet=_UNSET`): each restarted, or stopped matching its global, after a restore, silently."""
+    (job_folder / "jobutil.py").write_text(
+        "_UNSET = object()\n"
+        "def make_counter():\n    n = 0\n    def inc():\n        nonlocal n\n        n += 1\n        return n\n"
+        "    return inc\n"
+        "next_id = make_counter()\n"
+        "def smooth(x, _hist=[]):\n    _hist.append(x)\n    return sum(_hist[-3:]) / len(_hist[-3:])\n"
+        "def tick():\n    tick.calls += 1\n    return tick.calls\n"
+        "tick.calls = 0\n"
+        "def report(msg, *, quiet=_UNSET):\n    return 'default' if quiet is _UNSET else msg\n"
+        "class Meter:\n    def add(self, x, seen=[]):\n        seen.append(x)\n        return len(seen)\n")
+    import jobutil
+
+    jobutil.next_id(), jobutil.next_id()
+    jobutil.smooth(1.0), jobutil.smooth(2.0)
+    jobutil.tick()
+    jobutil.Meter().add(1)
+    saved = dumps({"modules": module_state.capture([str(job_folder)], probe)})
+    del sys.modules["jobutil"]
+    module_state.apply(pickle.loads(saved)["modules"])
+    import jobutil as again
+
+    try:
+        assert (again.next_id(), again.smooth(3.0), again.tick(), again.Meter().add(2)) == (3, 2.0, 2, 2)
+        assert again.report("m") == "default"  # the default is the restored _UNSET itself
+    finally:
+        sys.modules.pop("jobutil", None)

@@ -379,3 +379,39 @@ def test_a_text_file_in_a_variable_read_by_loops_and_next_resumes_where_it_was(l
         stops = pick_stops(trace, seed, extra=3)
         out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
         assert out == base.stdout, f"seed {seed}, stops {stops}"
+
+
+NESTED_SAMPLER_RNG = """
+import numpy as np, torch
+from torch.utils.data import DataLoader, Sampler
+
+class Settings:
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+class ShuffledBatches(Sampler):
+    def __init__(self, n, bs, settings):
+        self.n, self.bs, self.settings = n, bs, settings
+    def __len__(self):
+        return self.n // self.bs
+    def __iter__(self):
+        perm = self.settings.rng.permutation(self.n)   # the generator is one object deeper
+        for i in range(0, self.n, self.bs):
+            yield perm[i:i + self.bs].tolist()
+
+loader = DataLoader(torch.arange(12), batch_sampler=ShuffledBatches(12, 3, Settings(0)))
+for epoch in range(3):
+    for batch in loader:
+        print(epoch, batch.tolist())
+"""
+
+
+def test_a_sampler_whose_generator_sits_in_an_attribute_of_an_attribute_resumes_exactly(launcher, tmp_path):
+    """`self.settings.rng.permutation(...)` in a batch sampler: only generators directly on the
+    sampler were put back as the epoch began, so the resumed epochs were shuffled differently."""
+    target = _script(tmp_path, NESTED_SAMPLER_RNG)
+    base, trace = trace_of(launcher, target, tmp_path)
+    for seed in (1, 2, 3):
+        stops = pick_stops(trace, seed, extra=3)
+        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
+        assert out == base.stdout, f"seed {seed}, stops {stops}"

@@ -141,17 +141,25 @@ def held_generators(value: Any) -> list[Any]:
     return _generators_of([value])
 
 
+def _attribute_values(obj: Any) -> list[Any]:
+    """The values of ``obj``'s attributes (none for a module or a class)."""
+    if isinstance(obj, (types.ModuleType, type)):
+        return []
+    attrs = getattr(obj, "__dict__", None)
+    return list(attrs.values()) if isinstance(attrs, dict) else []
+
+
 def _generators_of(objs: Sequence[Any], holders: bool = True) -> list[Any]:
-    """Generator objects among ``objs`` (``holders=False``) or among their attributes (one level)."""
+    """Generator objects among ``objs`` (``holders=False``) or among their attributes, two levels
+    deep (``self.rng``, and ``self.cfg.rng``: a sampler holding its settings object)."""
     out: list[Any] = []
     for obj in objs:
         if holders and isinstance(obj, types.ModuleType):
             continue  # `torch` or `np` named in a generator's code: the global generators are saved apart
+        candidates = [obj]
         if holders:
-            attrs = getattr(obj, "__dict__", None)
-            candidates = list(attrs.values()) if isinstance(attrs, dict) else []
-        else:
-            candidates = [obj]
+            candidates = _attribute_values(obj)
+            candidates += [v for c in candidates if not rng.is_generator_object(c) for v in _attribute_values(c)]
         for g in candidates:
             if rng.is_generator_object(g) and all(g is not x for x in out):
                 out.append(g)

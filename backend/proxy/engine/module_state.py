@@ -11,7 +11,12 @@ them again after the load.
 
 Not recorded: names starting with ``__``, modules, and the functions and classes the module
 defines (its import makes them again); but a class's data attributes are (``AverageMeter.instances``,
-a registry dict, a counter: what ``cls.x = ...`` changed), under `CLASS_ATTRIBUTES`. A global that does not pickle and holds no progress (a
+a registry dict, a counter: what ``cls.x = ...`` changed), under `CLASS_ATTRIBUTES`, and so is the
+state a function carries (`FUNCTION_STATE`: a mutable default used as storage, ``def f(x,
+_seen=[])``; an attribute used as a counter, ``tick.calls += 1``; a default that is one of the
+module's objects, ``def report(quiet=_UNSET)``, which must stay the object the restored global
+``_UNSET`` is). A function a call made (``next_id = make_counter()``: a closure, its counter in
+its cells) is not the import's: it is saved as a data global. A global that does not pickle and holds no progress (a
 lock, a logger, a thread pool: `handles.progress_free`) keeps what the import made; any other is
 left out with a ``RuntimeWarning`` naming it, once.
 """
@@ -33,6 +38,10 @@ from .rewrite import PREFIX
 
 #: the key of a module's record under which its classes' data attributes are kept
 CLASS_ATTRIBUTES = "__class_attributes__"
+#: the key under which its functions' defaults and attributes are kept (``name`` or ``Class.name``)
+FUNCTION_STATE = "__function_state__"
+#: defaults of these types hold no state and are no object of the module's: not recorded
+_PLAIN_DEFAULTS = (int, float, complex, str, bytes, bool, type(None))
 _warned: set[tuple[str, str]] = set()
 _decided: dict[tuple[str, int, tuple[str, ...]], bool] = {}
 #: the last answer of `job_modules` (folders, the modules it was read from, the answer): a
@@ -96,9 +105,22 @@ def _installed(path: str, folders: list[str]) -> bool:
 
 
 def _made_by_import(module: types.ModuleType, value: Any) -> bool:
+    """Whether the module's import makes ``value`` again: a module, or a class or function its
+    body defines (not a closure a call made: ``<locals>`` in its name)."""
     if isinstance(value, types.ModuleType):
         return True
-    return isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == module.__name__
+    return isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == module.__name__ \
+        and "<locals>" not in getattr(value, "__qualname__", "<locals>")
+
+
+def _function_state(fn: types.FunctionType) -> Optional[tuple]:
+    """(defaults, keyword defaults, attributes) of ``fn`` where any may hold state, else None."""
+    defaults = fn.__defaults__ or ()
+    kwdefaults = fn.__kwdefaults__ or {}
+    attributes = {k: v for k, v in vars(fn).items() if not k.startswith("__")}
+    if attributes or not all(isinstance(v, _PLAIN_DEFAULTS) for v in (*defaults, *kwdefaults.values())):
+        return fn.__defaults__, fn.__kwdefaults__, attributes
+    return None
 
 
 def capture(folders: Iterable[str], probe: Callable[[Any], Optional[str]]) -> dict[str, dict[str, Any]]:
@@ -108,21 +130,32 @@ def capture(folders: Iterable[str], probe: Callable[[Any], Optional[str]]) -> di
     for name, module in job_modules(folders).items():
         saved: dict[str, Any] = {}
         classes: dict[str, dict[str, Any]] = {}
+        functions: dict[str, tuple] = {}
         for key, value in list(vars(module).items()):
             if key.startswith("__") or key.startswith(PREFIX):
                 continue
             if not _made_by_import(module, value):
                 _keep(saved, name, key, value, probe)
+            elif isinstance(value, types.FunctionType) and value.__qualname__ == key:
+                state = _function_state(value)
+                if state is not None:
+                    _keep(functions, name, key, state, probe)
             elif isinstance(value, type) and not isinstance(value, enum.EnumMeta) and value.__qualname__ == key:
                 attributes: dict[str, Any] = {}
                 for attr, v in list(vars(value).items()):
-                    if not attr.startswith("_abc_") and not (attr.startswith("__") and attr.endswith("__")) \
+                    if isinstance(v, types.FunctionType) and v.__qualname__ == f"{key}.{attr}":
+                        state = _function_state(v)
+                        if state is not None:
+                            _keep(functions, name, f"{key}.{attr}", state, probe)
+                    elif not attr.startswith("_abc_") and not (attr.startswith("__") and attr.endswith("__")) \
                             and not hasattr(type(v), "__get__") and not isinstance(v, type):
                         _keep(attributes, name, f"{key}.{attr}", v, probe, attr)
                 if attributes:
                     classes[key] = attributes
         if classes:
             saved[CLASS_ATTRIBUTES] = classes
+        if functions:
+            saved[FUNCTION_STATE] = functions
         if saved:
             out[name] = saved
     return out
@@ -131,8 +164,9 @@ def capture(folders: Iterable[str], probe: Callable[[Any], Optional[str]]) -> di
 def kept_names(captured: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
     """What a `capture` kept, by name (``Meter.count`` for a class attribute): two captures that
     probed differently left out the same things when these agree."""
-    return {module: sorted(k for k in values if k != CLASS_ATTRIBUTES) + sorted(
-        f"{cls}.{attr}" for cls, attrs in values.get(CLASS_ATTRIBUTES, {}).items() for attr in attrs)
+    return {module: sorted(k for k in values if k not in (CLASS_ATTRIBUTES, FUNCTION_STATE)) + sorted(
+        f"{cls}.{attr}" for cls, attrs in values.get(CLASS_ATTRIBUTES, {}).items() for attr in attrs) + sorted(
+        f"{fn}()" for fn in values.get(FUNCTION_STATE, {}))
         for module, values in captured.items()}
 
 
@@ -166,5 +200,12 @@ def apply(saved: Optional[dict[str, dict[str, Any]]]) -> None:
                     cls = getattr(module, cls_name, None)
                     for attr, v in attributes.items() if isinstance(cls, type) else ():
                         setattr(cls, attr, v)
+            elif key == FUNCTION_STATE:
+                for path, (defaults, kwdefaults, attributes) in value.items():
+                    owner, _, fn_name = path.rpartition(".")
+                    fn = getattr(getattr(module, owner, None) if owner else module, fn_name, None)
+                    if isinstance(fn, types.FunctionType):
+                        fn.__defaults__, fn.__kwdefaults__ = defaults, kwdefaults
+                        fn.__dict__.update(attributes)
             else:
                 setattr(module, key, value)
