@@ -415,3 +415,37 @@ def test_a_sampler_whose_generator_sits_in_an_attribute_of_an_attribute_resumes_
         stops = pick_stops(trace, seed, extra=3)
         out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
         assert out == base.stdout, f"seed {seed}, stops {stops}"
+
+
+GENERATOR_DOING_THE_STEP = """
+import torch
+torch.manual_seed(0)
+X = torch.randn(32, 3); Y = X.sum(1, keepdim=True)
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+def training_steps(n):
+    for step in range(n):
+        i = (step * 4) % 32
+        loss = (model(X[i:i + 4]) - Y[i:i + 4]).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()   # the work is done inside the generator
+        yield step
+
+for step in training_steps(30):
+    print(step, f"{model.weight.sum().item():.7f}")
+"""
+
+
+def test_a_generator_that_does_the_training_step_is_refused_at_restore_not_replayed(launcher, tmp_path):
+    """Replaying it applied the steps before the checkpoint a second time on the restored model,
+    silently (its items, step numbers, were the same): the restore now refuses, naming what the
+    replay changed."""
+    target = _script(tmp_path, GENERATOR_DOING_THE_STEP)
+    base, trace = trace_of(launcher, target, tmp_path)
+    step = [t["step"] for t in trace if t["kind"] == "loop"][12]
+    stopped = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "ck"), "--stop-at-step", str(step)])
+    assert stopped.rc == EXIT_PREEMPTED, stopped.describe()
+    resumed = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "ck"), "--restore"])
+    assert resumed.rc != 0 and "changed `model`, `opt`: the generator does work as it yields" in resumed.stderr, \
+        resumed.describe()
+    assert base.stdout.startswith(stopped.stdout + resumed.stdout)  # nothing that differs was printed

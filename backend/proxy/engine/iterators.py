@@ -33,7 +33,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
-from . import item_digest, lazy, manual_next, ownership, rng
+from . import item_digest, lazy, manual_next, ownership, replay_effects, rng
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -477,6 +477,7 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
     # The generator objects are the checkpoint's (restored with the program's variables): put
     # them back as they were when the loop began for the replay, then as the checkpoint has them.
     watched = [g for g, _ in desc["generators"]]
+    owners = [o for o, _ in desc.get("owners", ())]  # their replay's changes are undone (`as_at_start`)
     saved_gen_states = [(g, rng.object_state(g)) for g in watched]
     moved: list[Any] = []
     differing: list[str] = []  # the replayed leaves whose items are not the ones the loop took
@@ -537,7 +538,16 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
         taken = state.get("extra", 0)  # by next() in the body, besides the loop's own k
         if extra is not None and taken:
             extra[state["index"]] = taken
+        effects = replay_effects.watch(it, owners) if k + taken else None
         _skip(tracked, k + taken, check_rng=True, what=text_of(state), line=line, watched=watched, moved=moved)
+        changed = effects.changed() if effects is not None else []
+        if changed:
+            raise CheckpointError(
+                f"cannot resume the loop at line {line} exactly: re-creating `{text_of(state)}` and skipping "
+                f"its first {k + taken} items changed {', '.join(changed)}: the generator does work as it "
+                f"yields (a training step before each yield), and replaying it would do that work a second "
+                f"time on the restored state. Do the work in the loop body (yield the batch, update after), "
+                f"or restart the job from the beginning.")
         if "items" in state and tracked.value != state["items"]:
             differing.append(text_of(state))
         if digests is not None:

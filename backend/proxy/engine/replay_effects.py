@@ -1,0 +1,129 @@
+"""A generator a restore replays must not be doing the program's work.
+
+A loop over a generator (``for step in training_steps(n):``) resumes by creating the generator
+again and skipping the items the loop had taken (iterators.py). When the generator itself does
+the training step before each ``yield`` (updates a model, a dict of weights, a counter), the
+replay applies the steps before the checkpoint a second time, on top of the restored state that
+already holds them; its items (step numbers) are the same, so the items' digest cannot tell.
+
+So before the replay the state the generator can reach is fingerprinted: its arguments, and the
+module globals its code names (a model, an optimizer, a ``state`` dict), a bounded walk through
+containers and attributes that samples tensors' and arrays' values. If the replay changed any of
+it, the restore refuses, naming it, instead of resuming with the work done twice. Random
+generators are left out (their replay is handled by iterators.py), as are the objects a replay
+puts back itself (a loop owner's attributes: ``iter_owners``).
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+import zlib
+from typing import Any, Iterable, Optional
+
+from . import lazy, rng
+
+#: objects looked at per watched value; values sampled per tensor or array
+_MAX_NODES = 2048
+_SAMPLE = 256
+_PLAIN = (int, float, complex, bool, type(None), str, bytes)
+_SKIPPED = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+            types.CodeType, types.FrameType, types.GeneratorType)
+
+
+def fingerprint(value: Any, skip: frozenset = frozenset()) -> int:
+    """A CRC of ``value``'s contents (bounded; tensors and arrays by a sample of their values)."""
+    crc = 0
+    todo = [value]
+    seen: set[int] = set()
+    budget = _MAX_NODES
+    tensor_type = lazy.torch_types().tensor if lazy.torch_types() is not None else None
+    np = sys.modules.get("numpy")
+    while todo and budget > 0:
+        obj = todo.pop()
+        if id(obj) in seen or id(obj) in skip:
+            continue
+        seen.add(id(obj))
+        budget -= 1
+        t = type(obj)
+        if t in _PLAIN:
+            crc = zlib.crc32(repr(obj).encode("utf-8", "surrogatepass"), crc)
+        elif tensor_type is not None and isinstance(obj, tensor_type):
+            crc = zlib.crc32(_tensor_sample(obj), crc)
+        elif np is not None and isinstance(obj, np.ndarray):
+            crc = zlib.crc32(_array_sample(obj), crc)
+        elif isinstance(obj, _SKIPPED) or rng.is_generator_object(obj):
+            continue
+        elif isinstance(obj, dict):
+            crc = zlib.crc32(b"{%d" % len(obj), crc)
+            for n, (k, v) in enumerate(obj.items()):
+                if n >= _SAMPLE:
+                    break
+                todo.append(v)
+                todo.append(k)
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            crc = zlib.crc32(b"(%d" % len(obj), crc)
+            items = obj if isinstance(obj, (list, tuple)) else sorted(obj, key=repr)
+            todo.extend(items[:_SAMPLE])
+        else:
+            attrs = getattr(obj, "__dict__", None)
+            crc = zlib.crc32(t.__qualname__.encode(), crc)
+            if isinstance(attrs, dict):
+                todo.append(attrs)
+    return crc
+
+
+def _tensor_sample(t: Any) -> bytes:
+    flat = t.detach().reshape(-1)
+    if flat.numel() > _SAMPLE:
+        flat = flat[:: flat.numel() // _SAMPLE][:_SAMPLE]
+    torch = lazy.torch()
+    return f"t{t.dtype}{tuple(t.shape)}".encode() + flat.cpu().contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def _array_sample(a: Any) -> bytes:
+    if a.dtype.hasobject:
+        return f"a{a.dtype.str}{a.shape}".encode()
+    flat = a.reshape(-1)
+    if flat.size > _SAMPLE:
+        flat = flat[:: flat.size // _SAMPLE][:_SAMPLE]
+    return f"a{a.dtype.str}{a.shape}".encode() + flat.tobytes()
+
+
+class Watch:
+    """The state a generator can reach, fingerprinted before its replay (`watch`)."""
+
+    def __init__(self, gen: types.GeneratorType, skip: frozenset) -> None:
+        self.skip = skip
+        frame = gen.gi_frame
+        self.arguments = [(name, value) for name, value in (frame.f_locals.items() if frame is not None else ())
+                          if id(value) not in skip]
+        self.globals = frame.f_globals if frame is not None else {}
+        self.names = [name for name in dict.fromkeys(_names(gen.gi_code)) if name in self.globals
+                      and not isinstance(self.globals[name], _SKIPPED) and id(self.globals[name]) not in skip]
+        self.before = self._fingerprints()
+
+    def _fingerprints(self) -> dict[str, int]:
+        out = {f"`{name}` (an argument)": fingerprint(value, self.skip) for name, value in self.arguments}
+        out.update({f"`{name}`": fingerprint(self.globals.get(name), self.skip) for name in self.names})
+        return out
+
+    def changed(self) -> list[str]:
+        """What the replay changed, by name."""
+        after = self._fingerprints()
+        return [name for name, crc in self.before.items() if after.get(name) != crc]
+
+
+def _names(code: types.CodeType) -> Iterable[str]:
+    """The global names ``code`` and the code nested in it (generator expressions, lambdas) use."""
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _names(const)
+
+
+def watch(it: Any, skip: Iterable[Any] = ()) -> Optional[Watch]:
+    """A `Watch` of ``it`` if it is a generator not yet started, else None."""
+    if not isinstance(it, types.GeneratorType) or inspect.getgeneratorstate(it) != inspect.GEN_CREATED:
+        return None
+    return Watch(it, frozenset(id(o) for o in skip))
