@@ -461,7 +461,8 @@ def _not_reenterable(manager: Any) -> Optional[str]:
     if isinstance(manager, (contextlib.ExitStack, contextlib.AsyncExitStack)) and manager._exit_callbacks:
         return (f"a contextlib.{type(manager).__name__} with {len(manager._exit_callbacks)} callback(s) "
                 f"registered: a restore enters the statement again with an empty stack, so they would "
-                f"never run. Register them before the loop's with statement (or use a with per resource)")
+                f"never run. Open each resource in the with statement itself instead (`with open(a) as f, "
+                f"open(b) as g:`), which a restore enters again")
     if isinstance(manager, tempfile.TemporaryDirectory):
         return ("a tempfile.TemporaryDirectory: stopping the job exits the statement, which removes "
                 "the folder and what the loop wrote there. Write into a folder of the job's own (a "
