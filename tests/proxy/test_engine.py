@@ -377,7 +377,10 @@ for i in range(3):
     assert failed and failed[0]["variables"] == [["pool", "ThreadPoolExecutor"]]
 
 
-def test_generator_with_interleaved_random_draws_refuses_to_resume(tmp_path):
+def test_generator_whose_items_draw_random_numbers_is_refused_at_the_checkpoint_and_runs_on(tmp_path):
+    """Its replay would be refused at restore (the draws interleave with the body's), after the
+    job had stopped: the checkpoint is refused instead, naming the loop, and the program runs on."""
+    events = []
     src = """
 import random
 random.seed(0)
@@ -387,8 +390,27 @@ def noisy():
 for v in noisy():
     print(v, random.random())
 """
-    ctl = Controller(_store(tmp_path))
+    ctl = Controller(_store(tmp_path), on_event=lambda k, d: events.append((k, d)))
     ctl.checkpoint_at_step(7, "stop")
+    out, _, preempted, _ = run_engine(ResumableProgram.from_source(src), ctl)
+    assert preempted is None and out == run_plain(src)
+    failed = [d for k, d in events if k == "checkpoint_failed"]
+    assert failed and "whose items drew random numbers after the first" in failed[0]["error"], failed
+
+
+def test_generator_drawing_only_late_is_refused_at_restore(tmp_path):
+    """Draws that begin after the items the checkpoint watches are still caught by the replay."""
+    src = """
+import random
+random.seed(0)
+def noisy():
+    for i in range(9):
+        yield random.random() if i >= 5 else i
+for v in noisy():
+    print(v, random.random())
+"""
+    ctl = Controller(_store(tmp_path))
+    ctl.checkpoint_at_step(10, "stop")
     _, _, preempted, _ = run_engine(ResumableProgram.from_source(src), ctl)
     assert preempted is not None
     with pytest.raises(CheckpointError, match="interleaved"):

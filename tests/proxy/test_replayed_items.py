@@ -449,3 +449,30 @@ def test_a_generator_that_does_the_training_step_is_refused_at_restore_not_repla
     assert resumed.rc != 0 and "changed `model`, `opt`: the generator does work as it yields" in resumed.stderr, \
         resumed.describe()
     assert base.stdout.startswith(stopped.stdout + resumed.stdout)  # nothing that differs was printed
+
+
+RANDOM_STREAM = """
+import torch
+from torch.utils.data import IterableDataset, DataLoader
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        for i in range(20):
+            yield torch.randn(2)        # drawn in the loader's next(), in this process
+
+torch.manual_seed(0)
+for x in DataLoader(Stream(), batch_size=2):
+    print(round(x.sum().item(), 6))
+"""
+
+
+def test_an_in_process_stream_drawing_random_numbers_is_refused_at_the_checkpoint(launcher, tmp_path):
+    """The stop used to succeed and the restore to refuse (its replay's draws cannot be
+    reproduced): the job stopped for good. The checkpoint now refuses, and the job runs on."""
+    target = _script(tmp_path, RANDOM_STREAM)
+    base, trace = trace_of(launcher, target, tmp_path)
+    step = [t["step"] for t in trace if t["kind"] == "loop"][5]
+    run = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "ck"), "--stop-at-step", str(step)])
+    assert run.rc == 0 and run.stdout == base.stdout, run.describe()
+    [failed] = [d for _, d in run.events("checkpoint_failed")]
+    assert "drew random numbers after the first" in failed["error"] and "num_workers=1 or more" in failed["error"]

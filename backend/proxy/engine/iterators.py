@@ -307,6 +307,33 @@ def as_at_start(states: Sequence[tuple[Any, dict]], where: str) -> Iterator[None
             f"in place), or restart the job from the beginning.")
 
 
+class WatchedDigesting(item_digest.Digesting):
+    """`item_digest.Digesting` for a loop's own replayable leaf, which also notes whether taking
+    its second to fourth items drew from the global random generators (``drew``): a restore would
+    refuse to replay it (`_skip`), so the checkpoint refuses first, while the job can run on."""
+
+    __slots__ = ("left", "drew")
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        super().__init__(it)
+        self.left = 4  # the first item may draw: a replay starts from the loop-start RNG
+        self.drew = False
+
+    def __next__(self) -> Any:
+        if not self.left:
+            item = next(self.it)
+            self.value = item_digest.fold(self.value, item)
+            return item
+        self.left -= 1
+        if self.left == 3:
+            return super().__next__()
+        before = rng.capture(full=True)
+        item = super().__next__()
+        if not rng.equal(before, rng.capture(full=True)):
+            self.drew, self.left = True, 0
+        return item
+
+
 def _may_be_replayed(leaf: Leaf) -> bool:
     """Whether a restore may re-create this leaf and skip the items taken (not pickle it)."""
     if leaf.kind == "iterable" or (leaf.kind == "dataloader" and leaf.mode == "replay"):
@@ -321,7 +348,7 @@ def _build(tree: Any) -> Iterator[Any]:
         tree.start = manual_next.start_of(tree.value)
         tree.iterator = manual_next.reader_of(tree.value)
         if _may_be_replayed(tree):
-            tree.digest = item_digest.Digesting(tree.iterator)
+            tree.digest = WatchedDigesting(tree.iterator)
             return tree.digest
         return tree.iterator
     kids = [_build(c) for c in tree.children]
@@ -339,6 +366,15 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
 
     Raises `CheckpointFailure` for an iterator with hidden state that cannot be re-created.
     """
+    def refuse_draws(leaf: Leaf, text: str, advice: str) -> None:
+        """A replay of ``leaf`` would be refused at restore (`_skip`): refuse now, the job runs on."""
+        if isinstance(leaf.digest, WatchedDigesting) and leaf.digest.drew:
+            raise CheckpointFailure(
+                f"the loop at line {line} iterates over `{text}`, whose items drew random numbers after the "
+                f"first: a restore re-creates it and skips the items taken, and those draws, interleaved "
+                f"with the loop body's, could not be reproduced. {advice}, or let the checkpoint come at "
+                f"another loop.", [[text, type(leaf.value).__name__]])
+
     def leaf_state(leaf: Leaf) -> dict:
         text = leaf_texts[leaf.index] if leaf.index < len(leaf_texts) else "?"
         if leaf.kind == "seq":
@@ -349,12 +385,15 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
                     f"the loop at line {line} iterates a DataLoader with persistent_workers=True: a restore "
                     f"starts new workers, so randomness drawn inside the workers after the loader's first "
                     f"epoch will differ from an uninterrupted run", RuntimeWarning, stacklevel=2)
+            if leaf.mode == "replay" and leaf.value.num_workers == 0:
+                refuse_draws(leaf, text, _LOADER_ADVICE)
             if LOADER_ORIGIN in getattr(leaf.iterator, "__dict__", {}):
                 # the live iterator knows the RNG of its creation and of its first batch, which
                 # `zip(loader_a, loader_b)` interleaves: it pickles itself (training_state.py)
                 return {"how": "pickled", "index": leaf.index, "iterator": leaf.iterator}
             return {"how": "dataloader", "index": leaf.index, "loader": leaf.value, "mode": leaf.mode}
         if leaf.kind == "iterable":
+            refuse_draws(leaf, text, _DRAW_UP_FRONT)
             return {"how": "iterable", "index": leaf.index, "iterable": leaf.value}
         reevaluated = leaf.index < len(reevaluable) and reevaluable[leaf.index]
         if reevaluated and isinstance(leaf.value, io.IOBase):
@@ -368,6 +407,7 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
         if error is None:
             return {"how": "pickled", "index": leaf.index, "iterator": leaf.value}
         if reevaluated:
+            refuse_draws(leaf, text, _DRAW_UP_FRONT)
             return {"how": "expr", "index": leaf.index, "start": leaf.start}
         reason = why_not[leaf.index] if leaf.index < len(why_not) else ""
         raise CheckpointFailure(
