@@ -476,3 +476,37 @@ def test_an_in_process_stream_drawing_random_numbers_is_refused_at_the_checkpoin
     assert run.rc == 0 and run.stdout == base.stdout, run.describe()
     [failed] = [d for _, d in run.events("checkpoint_failed")]
     assert "drew random numbers after the first" in failed["error"] and "num_workers=1 or more" in failed["error"]
+
+
+FRESH_ITERABLES_THAT_ADVANCE_THEMSELVES = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from tqdm import tqdm
+
+class Batches:
+    def __init__(self, n):
+        self.n, self.served = n, 0
+    def __iter__(self):
+        for i in range(self.n):
+            self.served += 1            # the object the loop's expression made advances itself
+            yield i
+
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.arange(24.0)), batch_size=4, shuffle=True)
+for epoch in range(2):
+    for (x,) in tqdm(loader, desc=f"epoch {epoch}", leave=False):
+        print(epoch, x.tolist())
+    for b in Batches(5):
+        print(epoch, b)
+"""
+
+
+def test_iterables_the_loop_makes_afresh_may_advance_themselves_in_a_replay(launcher, tmp_path):
+    """The replay's check for generators doing the program's work took tqdm's bar, advanced by
+    its own __iter__, for such work, and refused a job that resumes exactly."""
+    target = _script(tmp_path, FRESH_ITERABLES_THAT_ADVANCE_THEMSELVES)
+    base, trace = trace_of(launcher, target, tmp_path)
+    for seed in (1, 2, 3):
+        stops = pick_stops(trace, seed, extra=3)
+        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
+        assert out == base.stdout, f"seed {seed}, stops {stops}"

@@ -557,7 +557,7 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
                 raise CheckpointError(f"the loop at line {line} cannot re-create `{text_of(state)}`")
             made = maker()
             manual_next.apply_start(made, state.get("start"))  # a header read before the loop
-            return replay(state, manual_next.reader_of(made))
+            return replay(state, manual_next.reader_of(made), fresh=made)
         assert how == "iterable", how
         return replay(state, iter(state["iterable"]))
 
@@ -573,12 +573,13 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
             digests[state["index"]] = tracked
         return tracked
 
-    def replay(state: dict, it: Iterator[Any]) -> Iterator[Any]:
+    def replay(state: dict, it: Iterator[Any], fresh: Any = None) -> Iterator[Any]:
         tracked = item_digest.Digesting(it)
         taken = state.get("extra", 0)  # by next() in the body, besides the loop's own k
         if extra is not None and taken:
             extra[state["index"]] = taken
-        effects = replay_effects.watch(it, owners) if k + taken else None
+        # what the expression made afresh (an object whose __iter__ advances it) may change
+        effects = replay_effects.watch(it, [*owners, fresh]) if k + taken else None
         _skip(tracked, k + taken, check_rng=True, what=text_of(state), line=line, watched=watched, moved=moved)
         changed = effects.changed() if effects is not None else []
         if changed:

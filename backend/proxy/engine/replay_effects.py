@@ -9,19 +9,23 @@ already holds them; its items (step numbers) are the same, so the items' digest 
 So before the replay the state the generator can reach is fingerprinted: its arguments, and the
 module globals its code names (a model, an optimizer, a ``state`` dict), a bounded walk through
 containers and attributes that samples tensors' and arrays' values. If the replay changed any of
-it, the restore refuses, naming it, instead of resuming with the work done twice. Random
-generators are left out (their replay is handled by iterators.py), as are the objects a replay
-puts back itself (a loop owner's attributes: ``iter_owners``).
+it, the restore refuses, naming it, instead of resuming with the work done twice. Only the
+program's own generators are watched (a library's, such as tqdm's ``__iter__`` advancing its
+bar, does the library's work). Left out: random generators (their replay is handled by
+iterators.py), the objects a replay puts back itself (a loop owner's attributes:
+``iter_owners``), and the object the loop's expression made afresh (whose ``__iter__`` may
+advance it).
 """
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 import types
 import zlib
 from typing import Any, Iterable, Optional
 
-from . import lazy, rng
+from . import lazy, ownership, rng
 
 #: objects looked at per watched value; values sampled per tensor or array
 _MAX_NODES = 2048
@@ -122,8 +126,22 @@ def _names(code: types.CodeType) -> Iterable[str]:
             yield from _names(const)
 
 
+def _programs(gen: types.GeneratorType) -> bool:
+    """Whether ``gen`` runs the program's own code (the script's, a cell's, its folder's modules):
+    a library's generator (tqdm's ``__iter__`` advancing its bar) does the library's work."""
+    owner = ownership.PROGRAM
+    if owner.globals is None or gen.gi_frame is None:
+        return False
+    if gen.gi_frame.f_globals is owner.globals:
+        return True
+    return owner.folder is not None and ownership.in_job_folder(os.path.realpath(gen.gi_code.co_filename),
+                                                                [owner.folder])
+
+
 def watch(it: Any, skip: Iterable[Any] = ()) -> Optional[Watch]:
-    """A `Watch` of ``it`` if it is a generator not yet started, else None."""
-    if not isinstance(it, types.GeneratorType) or inspect.getgeneratorstate(it) != inspect.GEN_CREATED:
+    """A `Watch` of ``it`` if it is a generator of the program's not yet started, else None.
+    ``skip``: objects whose changes do not matter (made afresh by the replay, or put back after it)."""
+    if not isinstance(it, types.GeneratorType) or inspect.getgeneratorstate(it) != inspect.GEN_CREATED \
+            or not _programs(it):
         return None
     return Watch(it, frozenset(id(o) for o in skip))
