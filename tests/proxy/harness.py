@@ -166,3 +166,12 @@ def run_chain(launcher: Launcher, target: list[str], stops: list[int], ckdir: Pa
     assert final.rc == 0, final.describe()
     runs.append(final)
     return "".join(r.stdout for r in runs), runs
+
+
+def assert_chains_match(launcher: Launcher, target: list[str], base: Run, trace: list, ckroot: Path,
+                        seeds: tuple = (1, 2, 3), extra: int = 3) -> None:
+    """For each seed, a chain of random stops (`pick_stops`) ends with the uninterrupted run's stdout."""
+    for seed in seeds:
+        stops = pick_stops(trace, seed, extra=extra)
+        out, _ = run_chain(launcher, target, stops, ckroot / f"ck-{seed}")
+        assert out == base.stdout, f"seed {seed}, stops {stops}"

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from harness import EXIT_PREEMPTED, ROOT, pick_stops, run_chain, trace_of
+from harness import EXIT_PREEMPTED, ROOT, assert_chains_match, run_chain, trace_of
 
 PRIVATE_RNG_GENERATOR = """
 import random
@@ -96,10 +96,7 @@ def _script(tmp_path, src: str, **names: str):
 
 def _stops_resume_exactly(launcher, target, tmp_path, seeds=(1, 2)) -> None:
     base, trace = trace_of(launcher, target, tmp_path)
-    for seed in seeds:
-        stops = pick_stops(trace, seed, extra=2)
-        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
-        assert out == base.stdout, f"seed {seed}, stops {stops}"
+    assert_chains_match(launcher, target, base, trace, tmp_path, seeds, extra=2)
 
 
 def test_a_generator_function_drawing_from_the_programs_own_generators_resumes_exactly(launcher, tmp_path):

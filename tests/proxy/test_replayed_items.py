@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from harness import EXIT_PREEMPTED, pick_stops, run_chain, trace_of
+from harness import EXIT_PREEMPTED, assert_chains_match, pick_stops, run_chain, trace_of
 
 HARD_EXAMPLES = """
 import torch
@@ -131,10 +131,7 @@ def test_replays_of_iterators_that_read_only_what_the_body_leaves_alone_resume_e
     target = _script(tmp_path, UNCHANGED_CHOICE)
     base, trace = trace_of(launcher, target, tmp_path)
     assert base.rc == 0, base.describe()
-    for seed in (1, 2):
-        stops = pick_stops(trace, seed, extra=3)
-        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
-        assert out == base.stdout, f"seed {seed}, stops {stops}"
+    assert_chains_match(launcher, target, base, trace, tmp_path, seeds=(1, 2), extra=3)
 
 
 # An iterable whose __iter__ changes it: a restore runs __iter__ again to replay the iterator, on
@@ -272,10 +269,7 @@ def test_lines_taken_with_next_from_a_reopened_file_are_taken_again(launcher, tm
     target = _script(tmp_path, src)
     base, trace = trace_of(launcher, target, tmp_path)
     assert "tgt0" in base.stdout or "x,y 0 0 0" in base.stdout or "line0 line1" in base.stdout, base.stdout
-    for seed in (1, 2, 3):
-        stops = pick_stops(trace, seed, extra=3)
-        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
-        assert out == base.stdout, f"seed {seed}, stops {stops}"
+    assert_chains_match(launcher, target, base, trace, tmp_path, seeds=(1, 2, 3), extra=3)
 
 
 HELPER_READS_THE_HEADER = '''
@@ -317,10 +311,7 @@ def test_lines_a_helper_module_takes_with_next_are_taken_again(launcher, tmp_pat
     target = _script(tmp_path, HELPER_READS_THE_HEADER)
     base, trace = trace_of(launcher, target, tmp_path)
     assert "['x', 'y'] 0,0 1,1" in base.stdout, base.stdout
-    for seed in (1, 2):
-        stops = pick_stops(trace, seed, extra=2)
-        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
-        assert out == base.stdout, f"seed {seed}, stops {stops}"
+    assert_chains_match(launcher, target, base, trace, tmp_path, seeds=(1, 2), extra=2)
 
 
 # A text file held in a variable (no with statement): next() and the for loop disable its tell(),
@@ -375,10 +366,7 @@ def test_a_text_file_in_a_variable_read_by_loops_and_next_resumes_where_it_was(l
     target = _script(tmp_path, src)
     base, trace = trace_of(launcher, target, tmp_path)
     assert "r0,0 r1,1" in base.stdout or "name,value r0,0" in base.stdout, base.stdout
-    for seed in (1, 2, 3):
-        stops = pick_stops(trace, seed, extra=3)
-        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
-        assert out == base.stdout, f"seed {seed}, stops {stops}"
+    assert_chains_match(launcher, target, base, trace, tmp_path, seeds=(1, 2, 3), extra=3)
 
 
 NESTED_SAMPLER_RNG = """
@@ -411,10 +399,7 @@ def test_a_sampler_whose_generator_sits_in_an_attribute_of_an_attribute_resumes_
     sampler were put back as the epoch began, so the resumed epochs were shuffled differently."""
     target = _script(tmp_path, NESTED_SAMPLER_RNG)
     base, trace = trace_of(launcher, target, tmp_path)
-    for seed in (1, 2, 3):
-        stops = pick_stops(trace, seed, extra=3)
-        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
-        assert out == base.stdout, f"seed {seed}, stops {stops}"
+    assert_chains_match(launcher, target, base, trace, tmp_path, seeds=(1, 2, 3), extra=3)
 
 
 GENERATOR_DOING_THE_STEP = """
@@ -506,7 +491,4 @@ def test_iterables_the_loop_makes_afresh_may_advance_themselves_in_a_replay(laun
     its own __iter__, for such work, and refused a job that resumes exactly."""
     target = _script(tmp_path, FRESH_ITERABLES_THAT_ADVANCE_THEMSELVES)
     base, trace = trace_of(launcher, target, tmp_path)
-    for seed in (1, 2, 3):
-        stops = pick_stops(trace, seed, extra=3)
-        out, _ = run_chain(launcher, target, stops, tmp_path / f"ck-{seed}")
-        assert out == base.stdout, f"seed {seed}, stops {stops}"
+    assert_chains_match(launcher, target, base, trace, tmp_path, seeds=(1, 2, 3), extra=3)
