@@ -39,6 +39,7 @@ import io
 import os
 import pickle
 import threading
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Optional, Union
@@ -349,6 +350,12 @@ def dedup_unpickler(base: type = pickle.Unpickler) -> type:
     """A subclass of ``base`` that resolves `dedup_pickler`'s tensor references (and the persistent
     ids an earlier engine wrote instead)."""
 
+    # the base's own rule for other persistent ids (``super().persistent_load`` of the C
+    # unpickler returns this class's method again)
+    other_ids = getattr(base, "persistent_load", None)
+    if not isinstance(other_ids, types.FunctionType):
+        other_ids = None
+
     class DedupUnpickler(base):  # type: ignore[misc, valid-type]
         def __init__(self, file: BinaryIO, blobs: Optional[BlobStore], map_location: Location = None) -> None:
             super().__init__(file)
@@ -364,7 +371,9 @@ def dedup_unpickler(base: type = pickle.Unpickler) -> type:
 
         def persistent_load(self, pid: Any) -> Any:
             if not (isinstance(pid, tuple) and pid and pid[0] == _TAG):
-                raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+                if other_ids is None:
+                    raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+                return other_ids(self, pid)
             if len(pid) == 2:
                 return self._tensors[pid[1]]
             _, index, meta = pid
@@ -386,8 +395,12 @@ def _storage_from_buffer(data: Any, nbytes: int) -> torch.UntypedStorage:
 
 
 def dump(obj: Any, f: BinaryIO, blobs: Optional[BlobStore], pickler: Optional[type] = None,
-         protocol: int = 5, on_tensor: Optional[Callable[[Any], None]] = None) -> DumpStats:
+         protocol: int = 5, on_tensor: Optional[Callable[[Any], None]] = None,
+         prepare: Optional[Callable[[Any], None]] = None) -> DumpStats:
     """Pickle ``obj`` to ``f`` with its tensors' storages in ``blobs`` (inline when None or small).
+
+    ``prepare(pickler)`` runs before the dump (to start its memo with what a pickle before this
+    one in ``f`` memoised).
 
     Returns once every blob the pickle references is complete (including ones other writers
     claimed), so a rank file written after it never points at a missing blob.
@@ -395,6 +408,8 @@ def dump(obj: Any, f: BinaryIO, blobs: Optional[BlobStore], pickler: Optional[ty
     stats = DumpStats()
     counter = _Counting(f)
     p = dedup_pickler(pickler or pickle.Pickler)(counter, blobs, stats, protocol, on_tensor)
+    if prepare is not None:
+        prepare(p)
     collecting = gc.isenabled()
     gc.disable()  # pickling makes no garbage cycles; a full collection mid-way doubled its time
     try:

@@ -21,6 +21,9 @@ class ProgramView(Protocol):
     patched_attributes: tuple  # library_patches.candidates
 
     @property
+    def code(self) -> Optional[types.CodeType]: ...
+
+    @property
     def nodes(self) -> dict: ...
 
     @property

@@ -80,6 +80,11 @@ class ResumableProgram:
         self._fids: dict[types.CodeType, Optional[int]] = {}
         self._merged: tuple = (-1, {}, {}, {})  # registry version, nodes, defs, call spans
 
+    @property
+    def code(self) -> Optional[types.CodeType]:
+        """What runs: the rewritten module, or the factory of the rewritten callable."""
+        return self._code
+
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_source(cls, source: str, filename: str = "<cell>") -> "ResumableProgram":
@@ -249,7 +254,7 @@ class ResumableProgram:
                 raise CheckpointError(f"this program has no safe points, so it has no checkpoint to resume "
                                       f"({self.fallback_reason or 'nothing to resume'})")
             rt.restore_started = time.monotonic()
-            graph = load_graph(restore, controller.rank, globals_, self.identity)
+            graph = load_graph(restore, controller.rank, globals_, self.identity, self._code)
             context.restore(graph.get("context"))  # before rebuilds: they may read relative paths
             process_settings.apply(graph.get("process"))  # the settings the skipped statements made
             scoped_modes.apply_outer(graph.get("modes"))  # grad mode, decimal context outside the with statements

@@ -48,12 +48,12 @@ import time
 import types
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import cloudpickle
 
-from . import (array_views, autograd_graphs, background, container_subclasses, context, exit_handlers, handles, iterators, lazy, libraries,
-               library_patches, module_state, open_files, process_settings, rng, scoped_modes, training_state)
+from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
+               exit_handlers, handles, iterators, lazy, libraries, library_patches, module_state, open_files, process_settings, rng, scoped_modes, training_state)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
@@ -297,6 +297,21 @@ class GraphUnpickler(pickle.Unpickler):
         if module.startswith("backend.proxy."):
             module = _current_module(module)
         return super().find_class(module, name)
+
+
+class HeaderedGraphUnpickler(GraphUnpickler):
+    """Reads a rank file `save_graph` wrote: the header of canonical strings (`canonical_strings`;
+    older files have none), then the graph. Not for ``torch.load``, which sets its own
+    ``persistent_load`` on the instance (a method of the class would take precedence)."""
+
+    def persistent_load(self, pid: Any) -> Any:
+        if type(pid) is not str:
+            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+        return canonical_strings.resolve(pid)
+
+    def load(self) -> Any:
+        first = super().load()
+        return super().load() if canonical_strings.is_header(first) else first
 
 
 def _pickle_module() -> types.ModuleType:
@@ -637,18 +652,19 @@ def _write_checkpoint(rt: RuntimeView, boundary: Optional[int], label: int,
         raise _failure(loop_failures, plan())
     probing = not _SETTINGS_SAVED["so_far"]
     assumed: Optional[dict] = None  # the graph built without probes, when its save failed
+    strings = canonical_strings.candidates(rt.program.code, module_state.job_modules(_job_folders(rt)).values())
     for _attempt in range(3):
         graph = _graph(rt, position, namespace, saved_locals, rebuild, probe if probing else _assume_saves)
         written: dict[str, Any] = {}
 
         def writer(f: "RankFile") -> None:
-            blob_bytes = save_graph(graph, f, f.blob_dir if ctl.world_size > 1 else None, f.blobs)
+            blob_bytes = save_graph(graph, f, f.blob_dir if ctl.world_size > 1 else None, f.blobs, strings)
             written["bytes"] = f.bytes + blob_bytes
 
         try:
             if snapshot:
                 snap = background.Snapshot()
-                save_graph(graph, snap)
+                save_graph(graph, snap, strings=strings)
                 result: tuple[Any, int, list[str]] = (snap, snap.bytes, sorted(rebuild))
             else:
                 ref = ctl.store.write(label, ctl.rank, ctl.world_size, writer)
@@ -759,26 +775,34 @@ def _job_folders(rt: RuntimeView) -> list[str]:
 
 
 def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,
-               blobs: Optional[dict[str, int]] = None) -> int:
+               blobs: Optional[dict[str, int]] = None, strings: Sequence[str] = ()) -> int:
     """Write ``graph`` to ``f``; returns the blob bytes this call wrote.
 
     When torch is loaded, `dedup.dump` (pickle protocol 5): each tensor storage once, inline in
     the file, or with ``blob_dir`` (several ranks) in the shared blob folder unless it is small,
     recording the blobs the file references in ``blobs``.  Without torch a plain pickle
     (protocol 4: nothing in the graph can be a tensor, and importing torch costs ~1 s).
+    Before the graph, a header pickle of ``strings`` (`canonical_strings`), which the graph
+    refers to rather than writing them again.
     """
+    strings = list(strings)
     torch = lazy.torch()
+    protocol = 4 if torch is None else 5
+    f.write(canonical_strings.header(strings, protocol))
     tail = graph.get("tail")
     notes = tail if isinstance(tail, training_state.Tail) else contextlib.nullcontext()
     if torch is None:
         with notes:
-            ProxyPickler(f, protocol=4).dump(graph)
+            pickler = ProxyPickler(f, protocol=protocol)
+            canonical_strings.preload(pickler, strings)
+            pickler.dump(graph)
         return 0
     from ..checkpoint import dedup
 
     with notes:
         stats = dedup.dump(graph, f, dedup.BlobStore(blob_dir) if blob_dir is not None else None,
-                           pickler=PICKLE_MODULE.Pickler, protocol=5, on_tensor=training_state.note_tensor)
+                           pickler=PICKLE_MODULE.Pickler, protocol=protocol, on_tensor=training_state.note_tensor,
+                           prepare=lambda p: canonical_strings.preload(p, strings))
     if blobs is not None:
         blobs.update(stats.storages)
     return stats.blob_bytes_written
@@ -800,12 +824,12 @@ def _read_graph(path: Path, blob_dir: Path, expected: Optional[tuple[str, Option
             f = digest.HashingReader(parallel, expected[0]) if expected and expected[1] else parallel
             try:
                 if head[:2] != _DEDUP_MAGIC and not blob_dir.is_dir():  # a torch-free pickle
-                    graph = GraphUnpickler(f).load()
+                    graph = HeaderedGraphUnpickler(f).load()
                 else:
                     from ..checkpoint import dedup
 
                     blobs = dedup.BlobStore(blob_dir) if blob_dir.is_dir() else None
-                    graph = dedup.load(f, blobs, unpickler=PICKLE_MODULE.Unpickler, map_location=_map_device)
+                    graph = dedup.load(f, blobs, unpickler=HeaderedGraphUnpickler, map_location=_map_device)
                 failed: Optional[BaseException] = None
             except Exception as e:  # damaged bytes may fail the unpickler before the digest is known
                 failed = e
@@ -822,8 +846,10 @@ def _read_graph(path: Path, blob_dir: Path, expected: Optional[tuple[str, Option
     return torch.load(path, map_location=_map_location, pickle_module=PICKLE_MODULE, weights_only=False)
 
 
-def load_graph(ref: "CheckpointRef", rank: int, target_namespace: dict, identity: str) -> dict:
-    """Load one rank's file; functions of the program get ``target_namespace`` as globals.
+def load_graph(ref: "CheckpointRef", rank: int, target_namespace: dict, identity: str,
+               code: Optional[types.CodeType] = None) -> dict:
+    """Load one rank's file; functions of the program get ``target_namespace`` as globals, and
+    strings its header lists become the objects of ``code`` (the program's, compiled again).
 
     Rank 0 also drops staging folders of later steps: a crashed attempt's leftovers there would
     otherwise be mixed into the checkpoints this run writes when it reaches those steps again.
@@ -838,7 +864,7 @@ def load_graph(ref: "CheckpointRef", rank: int, target_namespace: dict, identity
     token = _LOAD_NS.set(target_namespace)
     try:
         # one rank: its file is hashed as it is read (CheckpointStore.verify did not)
-        with training_state.deferring() as iterators_to_make:
+        with training_state.deferring() as iterators_to_make, canonical_strings.restoring(code):
             graph = _read_graph(path, ref.blob_dir, expected_digest(ref, path.name) if ref.world_size == 1 else None)
     except DigestMismatch as e:
         older = CheckpointStore(ref.path.parent).latest(before=ref.step)
@@ -847,7 +873,7 @@ def load_graph(ref: "CheckpointRef", rank: int, target_namespace: dict, identity
             raise CheckpointError(f"{e}; no older checkpoint is intact: start the job over without restoring") from e
         _LOAD_NS.reset(token)
         token = None
-        return load_graph(older, rank, target_namespace, identity)
+        return load_graph(older, rank, target_namespace, identity, code)
     except Exception as e:
         raise CheckpointError(f"cannot load {path}: {type(e).__name__}: {e}. If the code or its imports "
                               f"changed since the checkpoint, restore with the original code or start over.") from e

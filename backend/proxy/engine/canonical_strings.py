@@ -1,0 +1,154 @@
+"""Restored strings are the very objects the program's code holds, so what it pickles after a
+restore has the uninterrupted run's bytes.
+
+Why: pickle (and ``torch.save``) write a string once and then refer back to it by identity. A
+history of dicts made before a stop comes back from the checkpoint; entries made after it use the
+code's constants (``{"epoch": e, "val/acc": a}``). Were the restored keys other objects than those
+constants, a program that pickles its history after a restore would write each key twice: the
+file loads equal but its bytes differ from the uninterrupted run's.
+
+How: a checkpoint file starts with a small *header* pickle listing the candidate strings, each a
+persistent id that is memoised; the graph's pickler starts with these in its memo, so every
+reference to a candidate in the graph is a memo get (two bytes). The same unpickler reads both
+pickles: the header's ids resolve to the restoring process's own objects (the program's code,
+compiled again, holds one object per value; an identifier-like string is the interned one, which
+is what compiled code of any module uses), and the graph's memo gets land on them.
+
+Candidates: every string constant and name of the program's code whose value only one object
+has, and the identifier-like constants of the functions of the job's own modules (a helper's
+``dict(epoch=e)``). Not covered: other text constants of helper modules (``"val/acc"`` in
+``metrics.py``), and strings made at run time.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import struct
+import sys
+import types
+from typing import Any, Iterable, Iterator, Optional
+
+#: the first item of a header pickle: what tells it from a checkpoint graph
+MARKER = "singularity-canonical-strings/1"
+#: the most candidates a header lists (a job folder holding a large library stops here)
+LIMIT = 50_000
+
+_RESTORE_CODE: contextvars.ContextVar[Optional[types.CodeType]] = contextvars.ContextVar("sg_canon_code",
+                                                                                         default=None)
+_TABLES: dict[int, tuple[types.CodeType, dict[str, str]]] = {}
+_MODULE_NAMES: dict[tuple[int, int], tuple[types.ModuleType, list[str]]] = {}
+
+
+def _identifier_like(s: str) -> bool:
+    """What CPython interns among a code object's constants (letters, digits, underscore; ASCII)."""
+    return s.isascii() and s.replace("_", "a").isalnum()
+
+
+def _strings(code: types.CodeType) -> Iterator[str]:
+    stack: list[Any] = [code]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, types.CodeType):
+            yield from item.co_names
+            yield from item.co_varnames
+            yield from item.co_cellvars
+            yield from item.co_freevars
+            stack.extend(reversed(item.co_consts))
+        elif type(item) is str:
+            yield item
+        elif isinstance(item, (tuple, frozenset)):
+            stack.extend(item)
+
+
+def program_table(code: Optional[types.CodeType]) -> dict[str, str]:
+    """Value -> the one object of that value in ``code`` (values several objects have are left
+    out: which of them a restored string should be cannot be told)."""
+    if code is None:
+        return {}
+    cached = _TABLES.get(id(code))
+    if cached is not None and cached[0] is code:
+        return cached[1]
+    table: dict[str, str] = {}
+    several: set[str] = set()
+    for s in _strings(code):
+        seen = table.get(s)
+        if seen is not None and seen is not s:
+            several.add(s)
+        table.setdefault(s, s)
+    for s in several:
+        del table[s]
+    _TABLES[id(code)] = (code, table)
+    return table
+
+
+def _module_identifiers(module: types.ModuleType) -> list[str]:
+    key = (id(module), len(vars(module)))
+    cached = _MODULE_NAMES.get(key)
+    if cached is not None and cached[0] is module:
+        return cached[1]
+    codes = []
+    for value in list(vars(module).values()):
+        members = [value] + (list(vars(value).values()) if isinstance(value, type) else [])
+        for member in members:
+            fn = getattr(member, "__func__", member)  # staticmethod, classmethod
+            if isinstance(fn, property):
+                fn = fn.fget
+            code = getattr(fn, "__code__", None)
+            if isinstance(code, types.CodeType) and getattr(fn, "__module__", None) == module.__name__:
+                codes.append(code)
+    names = list(dict.fromkeys(s for code in codes for s in _strings(code) if _identifier_like(s)))
+    _MODULE_NAMES[key] = (module, names)
+    return names
+
+
+def candidates(code: Optional[types.CodeType], modules: Iterable[types.ModuleType]) -> list[str]:
+    """The strings a checkpoint's header lists, at most `LIMIT`."""
+    out = dict.fromkeys(program_table(code).values())
+    for module in modules:
+        if len(out) >= LIMIT:
+            break
+        out.update(dict.fromkeys(_module_identifiers(module)))
+    return list(out)[:LIMIT]
+
+
+def _unicode(s: str) -> bytes:
+    data = s.encode("utf-8", "surrogatepass")
+    return b"X" + struct.pack("<I", len(data)) + data
+
+
+def header(strings: list[str], protocol: int) -> bytes:
+    """A pickle of ``(MARKER, *strings)`` whose strings are persistent ids memoised in order
+    (memo 0, 1, ...), for a graph pickle that follows it in the same stream."""
+    parts = [b"\x80" + bytes([protocol]), b"(", _unicode(MARKER)]
+    for s in strings:
+        parts += [_unicode(s), b"Q", b"\x94"]  # BINUNICODE, BINPERSID, MEMOIZE
+    parts += [b"t", b"."]  # TUPLE, STOP
+    return b"".join(parts)
+
+
+def preload(pickler: Any, strings: list[str]) -> None:
+    """Start ``pickler``'s memo with the header's entries, so the graph refers to them."""
+    if strings:
+        pickler.memo = {id(s): (i, s) for i, s in enumerate(strings)}
+
+
+def is_header(obj: Any) -> bool:
+    return type(obj) is tuple and len(obj) > 0 and obj[0] == MARKER
+
+
+@contextlib.contextmanager
+def restoring(code: Optional[types.CodeType]) -> Iterator[None]:
+    """While a checkpoint of the program compiled as ``code`` loads."""
+    token = _RESTORE_CODE.set(code)
+    try:
+        yield
+    finally:
+        _RESTORE_CODE.reset(token)
+
+
+def resolve(value: str) -> str:
+    """The restoring process's object for a header string."""
+    found = program_table(_RESTORE_CODE.get()).get(value)
+    if found is not None:
+        return found
+    return sys.intern(value) if _identifier_like(value) else value
