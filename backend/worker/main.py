@@ -7,7 +7,6 @@ agent go to the control pipe.
 """
 from __future__ import annotations
 
-import builtins
 import json
 import os
 import signal
@@ -63,10 +62,6 @@ def format_user_traceback(exc: BaseException, filename: str) -> str:
 def _is_ours(path: str) -> bool:
     here = str(Path(__file__).resolve().parent.parent)
     return path.startswith(here)
-
-
-def fresh_namespace(filename: str) -> dict[str, Any]:
-    return {"__name__": "__main__", "__builtins__": builtins, "__file__": filename, "__doc__": None}
 
 
 def load_program(spec: WorkerSpec, filename: str = ""):
@@ -248,7 +243,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     yield_to_the_control_plane()
     from backend.proxy import CheckpointStore, Preempted
     from backend.proxy.launch import pin_to_slot
-    from backend.proxy.rank import RankCountMismatch, RankRun, run_rank
+    from backend.proxy.rank import RankCountMismatch, RankRun, main_namespace, run_rank
 
     pin_to_slot()  # a CPU slot's cores, as the agent chose them
 
@@ -273,7 +268,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     events, reporter = distributed_events(rank, on_event) if world > 1 else (on_event, None)
     run = RankRun(store, rank, world, restore=spec.restore, checkpoint_every=spec.checkpoint_every, on_event=events)
-    namespace = fresh_namespace(filename)
+    # a real `__main__` module (sys.modules): pickle finds the job's classes there by name, as it
+    # does for `python train.py` (pickle.dump of a dataclass the job defines, torch.save(model))
+    namespace = main_namespace(filename)
 
     def before(run: RankRun) -> None:
         if run.restored is None:

@@ -56,6 +56,34 @@ def _power(base, exp, *, scale=1):
     return scale * base ** exp
 
 
+PICKLES_ITS_OWN_CLASSES = """
+import dataclasses, io, pickle
+import torch
+
+@dataclasses.dataclass
+class Record:
+    step: int
+    loss: float
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 1)
+
+data = pickle.dumps([Record(0, 1.0)])
+torch.save(Net(), io.BytesIO())  # the whole model: its class by reference, as `python train.py` saves it
+pickle.loads(data)[0].step
+"""
+
+
+def test_a_job_pickles_objects_of_the_classes_it_defines_by_reference(client):
+    """``pickle.dump`` of a dataclass defined in the job, ``torch.save(model)``: pickle looks the
+    class up as ``__main__.Record``, which must be the job's (it failed: no such attribute)."""
+    job = client.submit(PICKLES_ITS_OWN_CLASSES)
+    assert job.wait(60) == JobState.SUCCEEDED, job.info.error
+    assert job.result() == 0
+
+
 def test_callable_with_args_and_closure(client):
     job = client.submit(_power, 2, 10, kwargs={"scale": 3})
     assert job.result(timeout=60) == 3072

@@ -90,6 +90,15 @@ def loaded_names(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
+def statement_reads(stmt: ast.stmt) -> set[str]:
+    """The names running ``stmt`` reads: a ``def`` reads its decorators, defaults and annotations
+    (its body reads its names when called, whenever the function was made)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return set().union(*(loaded_names(n) for n in stmt.decorator_list + [stmt.args]),
+                           loaded_names(stmt.returns) if stmt.returns is not None else set())
+    return loaded_names(stmt)
+
+
 def declared_global(tree: ast.AST) -> set[str]:
     """Names that some nested function or class declares ``global`` or ``nonlocal``.
 
@@ -114,6 +123,8 @@ def is_simple_binding(stmt: ast.stmt) -> bool:
         return not has_dynamic_parts(stmt.value)
     if isinstance(stmt, ast.AnnAssign):
         return stmt.value is not None and not has_dynamic_parts(stmt.value)
+    if isinstance(stmt, ast.FunctionDef):  # `@torch.jit.script def f(...)`: compiled again
+        return not any(has_dynamic_parts(node) for node in stmt.decorator_list + [stmt.args])
     return isinstance(stmt, (ast.Import, ast.ImportFrom))
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import dis
 import pickle
+import sys
 import threading
 import types
 from typing import Any, Callable, Optional
@@ -82,7 +83,14 @@ def install() -> None:
 def progress_free(value: Any) -> bool:
     """True for a value that re-running its creating statement re-creates exactly."""
     module = getattr(type(value), "__module__", "") or ""
-    return any(module == m or module.startswith(m + ".") for m in PROGRESS_FREE_MODULES)
+    return any(module == m or module.startswith(m + ".") for m in PROGRESS_FREE_MODULES) or _script_function(value)
+
+
+def _script_function(value: Any) -> bool:
+    """A TorchScript function (``@torch.jit.script`` on a ``def``): compiled code without state,
+    which does not pickle. (A scripted module holds parameters: not this.)"""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch._C.ScriptFunction)
 
 
 def reduce(obj: Any) -> Any:

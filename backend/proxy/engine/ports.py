@@ -19,6 +19,7 @@ class ProgramView(Protocol):
     filename: str
     identity: str
     patched_attributes: tuple  # library_patches.candidates
+    submodule_imports: tuple  # imported_submodules.candidates
 
     @property
     def code(self) -> Optional[types.CodeType]: ...

@@ -12,8 +12,8 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import (caches, context, exit_handlers, handles, libraries, library_patches, module_state, ownership,
-               process_settings, scoped_modes, training_state)
+from . import (caches, context, exit_handlers, handles, imported_submodules, libraries, library_patches,
+               module_state, ownership, process_settings, scoped_modes, training_state)
 from ..checkpoint.errors import CheckpointError, Preempted
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
@@ -68,6 +68,8 @@ class ResumableProgram:
         self._rewritten = rewritten
         #: `a.b.attr = ...` statements: monkeypatches of libraries, set again on restore
         self.patched_attributes = library_patches.candidates(rewritten.tree) if rewritten else ()
+        #: `import a.b` statements: submodules imported again on restore (the top package alone is saved)
+        self.submodule_imports = imported_submodules.candidates(rewritten.tree) if rewritten else ()
         self._code = code
         self.fn = fn
         self.args = tuple(args)
@@ -259,6 +261,7 @@ class ResumableProgram:
             process_settings.apply(graph.get("process"))  # the settings the skipped statements made
             scoped_modes.apply_outer(graph.get("modes"))  # grad mode, decimal context outside the with statements
             module_state.apply(graph.get("modules"))  # config.lr = args.lr, counters in helper modules
+            imported_submodules.apply(graph.get("submodules"))  # import xml.sax.saxutils: xml.sax is set
             library_patches.apply(graph.get("patches"))  # F.gelu = my_gelu
         else:
             context.begin()

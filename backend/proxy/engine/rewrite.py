@@ -32,7 +32,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .analysis import bound_names, callee_root, declared_global, function_locals, has_dynamic_parts, is_pure, is_simple_binding, library_roots, loaded_names, method_of_temporary, not_rewritable, parameters
+from .analysis import (bound_names, callee_root, declared_global, function_locals, has_dynamic_parts, is_pure,
+                       is_simple_binding, library_roots, loaded_names, method_of_temporary, not_rewritable, parameters,
+                       statement_reads)
 
 #: the runtime's name in generated code; it ends in ``__`` so that methods do not mangle it
 RT = "__sg_rt__"
@@ -159,7 +161,7 @@ def _statement_infos(body: list[ast.stmt]) -> list[StmtInfo]:
     for stmt in body:
         original = copy.deepcopy(stmt)
         infos.append(StmtInfo(original, frozenset(bound_names(original)),
-                              frozenset(loaded_names(original)), is_simple_binding(original)))
+                              frozenset(statement_reads(original)), is_simple_binding(original)))
     return infos
 
 

@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 import cloudpickle
 
 from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
-               exit_handlers, handles, iterators, lazy, libraries, library_patches, module_state, open_files, process_settings, rng, scoped_modes, training_state)
+               exit_handlers, handles, imported_submodules, iterators, lazy, libraries, library_patches,
+               module_state, open_files, process_settings, rng, scoped_modes, training_state)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
@@ -93,7 +94,7 @@ _SAVE_NS: contextvars.ContextVar[Optional[tuple[dict, bool]]] = contextvars.Cont
 #: ids of the targets of the redirect_stdout/redirect_stderr statements a checkpoint is inside
 _REDIRECT_TARGETS: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("sg_redirects", default=frozenset())
 _LOAD_NS: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("sg_load_ns", default=None)
-_PICKLE_ERRORS = (pickle.PicklingError, TypeError, AttributeError, NotImplementedError, RuntimeError, ValueError)
+_PICKLE_ERRORS = (pickle.PickleError, TypeError, AttributeError, NotImplementedError, RuntimeError, ValueError)
 
 
 def _current_namespace() -> dict:
@@ -749,6 +750,7 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         "namespace": namespace if in_locals else _without(namespace, rebuild),
         "locals": _without(saved_locals, rebuild) if in_locals else None,
         "modules": module_state.capture(_job_folders(rt), probe_setting),  # config.lr = args.lr: set again on restore
+        "submodules": imported_submodules.capture(rt.program.submodule_imports),  # import logging.config
         "patches": library_patches.capture(rt.fn_globals or rt.ns, rt.program.patched_attributes, probe_setting),
         "exit_handlers": exit_handlers.capture(probe_setting),  # atexit.register(write_summary): run at the real end
         "rng": rng.capture(full=True),
