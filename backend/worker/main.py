@@ -156,10 +156,12 @@ def stop_on_sigterm(controller) -> None:
     """SIGTERM (a preemption notice from Slurm or Kubernetes, or a person's ``kill``) takes a
     checkpoint at the next safe point and exits EXIT_PREEMPTED, so the job resumes where it
     stopped; a second SIGTERM ends the process at once. The agent's own stops use the ``exit``
-    request instead. A program that installs its own SIGTERM handler replaces this one."""
+    request instead. A program that installs its own SIGTERM handler replaces this one (a
+    checkpoint saves the program's handler, not this one, nor the default action it puts back)."""
+    from backend.proxy.engine import process_settings
 
     def on_term(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        process_settings.host_sets_signal(signal.SIGTERM, signal.SIG_DFL)
         controller.request_checkpoint("stop", "SIGTERM: the job was asked to stop (a preemption notice)")
 
     signal.signal(signal.SIGTERM, on_term)

@@ -92,3 +92,23 @@ def test_cancel_ends_a_job_at_once_without_a_checkpoint(tmp_path):
             assert job.wait(30) == JobState.CANCELLED
             assert time.monotonic() - t0 < 15
             assert not any(e.type == EventType.CHECKPOINT_STARTED for e in job.events(follow=False))
+
+
+def test_a_second_notice_after_a_resume_is_a_preemption_notice_too(tmp_path):
+    """The worker's SIGTERM handler puts the default action back when a notice comes; that is the
+    host's change, not the job's: the checkpoint must not save it as the job's signal handler
+    (process_settings.py), or the resumed job would be killed by its next notice."""
+    with LocalCluster(nodes=1, devices_per_node=1, home=tmp_path / "home") as cluster:
+        with cluster.client() as c:
+            job = c.submit(PROGRAM, name="noticed-twice", env={"STEPS": "200"})
+            for attempt in (1, 2):
+                _running_for(job, steps=28 * attempt - 20)
+                started = [e for e in job.events(follow=False) if e.type == EventType.STARTED][-1]
+                os.kill(int(started.data["pids"]["0"]), signal.SIGTERM)
+                deadline = time.monotonic() + 60
+                while job.refresh().info.attempt <= attempt:
+                    assert time.monotonic() < deadline, f"attempt {attempt}: {job.refresh().state}"
+                    time.sleep(0.2)
+            assert job.wait(180) == JobState.SUCCEEDED
+            reasons = [e.data["reason"] for e in job.events(follow=False) if e.type == EventType.PREEMPTED]
+            assert len(reasons) == 2 and all("SIGTERM" in r for r in reasons), reasons

@@ -12,6 +12,15 @@ the program continues:
   fingerprint's; grad mode is scoped_modes.py's);
 * numpy: print options and floating-point error handling;
 * ``warnings`` filters, the recursion limit;
+* ``logging.captureWarnings(True)``: warnings go to the ``py.warnings`` logger (and its log
+  file), not to stderr;
+* the umask (``os.umask(0o077)`` to keep a run's outputs private): files made after the restore
+  get the modes they would have had;
+* the time zone the C library uses: ``os.environ["TZ"] = ...; time.tzset()`` changes it, and
+  context.py puts back only the variable, so `apply` (which program.py runs after
+  ``context.restore``) calls ``time.tzset()`` again;
+* signal handlers the job installed (``signal.signal(signal.SIGUSR1, dump_stats)``): without
+  them the signal's default action (ending the process) applies after the restore;
 * ``sys.stdout`` / ``sys.stderr`` when the job replaced them (a "tee" object that prints to the
   terminal and a log file): the object is saved, and the streams it wraps, which were the
   process's own at the start, stand for the new process's own (`start_stream_name`);
@@ -23,20 +32,30 @@ when the program began (`begin`), so handlers the host process had already (a te
 capture, the service's own loggers ``backend.*`` and ``singularity_sdk.*``) are not. A handler
 that cannot be saved (a socket handler, a queue to another process) is left out with a
 ``RuntimeWarning`` naming it, once; the new process's handlers for that logger stay as they are.
+Signal handlers and the time zone likewise: only those the job changed since `begin` (the
+worker's own SIGTERM handler, a preemption notice, is the host's; a job that installs its own
+SIGTERM handler replaces it, after a restore too), and a handler that cannot be saved (a method
+of an object holding a socket) is named in a ``RuntimeWarning`` and left out: that signal keeps
+the new process's handler.
 """
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import time
 import warnings
 from typing import Any, Callable, Optional
 
 #: loggers of the service itself: configured by the worker, not the job
 _OWN_LOGGERS = ("backend", "singularity_sdk")
 #: each logger's configuration when the program began (or before a restore put the job's back)
-_start: dict[str, Any] = {"pid": None, "loggers": {}, "streams": {}}
+_start: dict[str, Any] = {"pid": None, "loggers": {}, "streams": {}, "signals": {}, "zone": None}
 _warned: set[tuple[str, int]] = set()
+#: in `_start`, a setting a restore put back: the job's, saved by every later checkpoint even
+#: when it equals what the new process began with (the next one may begin with another)
+_RESTORED = object()
 
 
 _STREAMS = ("stdout", "stderr")
@@ -48,6 +67,8 @@ def begin() -> None:
     _start["pid"] = os.getpid()
     _start["loggers"] = {name: _signature(lg) for name, lg in _all_loggers().items()}
     _start["streams"] = {name: getattr(sys, name) for name in _STREAMS}
+    _start["signals"] = {sig: signal.getsignal(sig) for sig in _signals()}
+    _start["zone"] = _zone()
 
 
 def start_stream_name(obj: Any) -> Optional[str]:
@@ -64,7 +85,8 @@ def capture(probe: Callable[[Any], Optional[str]], redirected: Optional[dict[str
     if _start["pid"] != os.getpid():  # a forked child, or begin() was never called
         begin()
     return {"recursion_limit": sys.getrecursionlimit(), "logging": _logging(probe),
-            "streams": _streams(redirected or {}), **snapshot()}
+            "streams": _streams(redirected or {}), "umask": _umask(), "zone": _changed_zone(),
+            "signals": _signal_handlers(probe), **snapshot()}
 
 
 # --------------------------------------------------------------------------- switched by with statements
@@ -89,8 +111,10 @@ def switches_settings(manager: Any) -> bool:
 
 
 def snapshot() -> dict[str, Any]:
-    """The settings with statements switch: warnings filters, torch's and numpy's (~30 us)."""
-    out: dict[str, Any] = {"warnings": list(warnings.filters)}
+    """The settings with statements switch: warnings filters and where warnings are shown (a
+    ``catch_warnings`` puts back ``warnings.showwarning``, which ``logging.captureWarnings``
+    replaces), torch's and numpy's (~30 us)."""
+    out: dict[str, Any] = {"warnings": list(warnings.filters), "capture_warnings": _warnings_captured()}
     torch = sys.modules.get("torch")
     if torch is not None:
         out["torch"] = _torch(torch)
@@ -108,6 +132,8 @@ def apply_switchable(saved: dict[str, Any]) -> None:
         mutated = getattr(warnings, "_filters_mutated", None) or getattr(warnings, "_filters_mutated_lock_held", None)
         if mutated is not None:
             mutated()
+    if "capture_warnings" in saved and saved["capture_warnings"] != _warnings_captured():
+        _capture_warnings(saved["capture_warnings"])
     if "torch" in saved:
         import torch
 
@@ -138,6 +164,11 @@ def apply(saved: Optional[dict[str, Any]]) -> None:
     _apply_logging(saved["logging"])
     for name, stream in saved.get("streams", {}).items():
         setattr(sys, name, stream)
+    if saved.get("umask") is not None:
+        os.umask(saved["umask"])
+    if saved.get("zone") is not None:
+        _apply_zone(saved["zone"])
+    _apply_signals(saved.get("signals") or {})
 
 
 # --------------------------------------------------------------------------- torch
@@ -280,3 +311,104 @@ def _adopt(handler: logging.Handler) -> None:
     stream = getattr(handler, "stream", None)
     if isinstance(handler, logging.FileHandler) and stream is not None and isinstance(getattr(stream, "name", None), str):
         handler.baseFilename = os.path.abspath(stream.name)
+
+
+# --------------------------------------------------------------------------- warnings to logging
+def _warnings_captured() -> bool:
+    """Whether ``logging.captureWarnings(True)`` is in effect: warnings go to ``py.warnings``."""
+    return warnings.showwarning is getattr(logging, "_showwarning", None)
+
+
+def _capture_warnings(on: bool) -> None:
+    """``logging.captureWarnings(on)``, also when a ``catch_warnings`` that ended put the old
+    ``showwarning`` back while logging still holds it (then ``captureWarnings(True)`` does nothing)."""
+    if on and getattr(logging, "_warnings_showwarning", None) is not None:
+        warnings.showwarning = logging._showwarning  # type: ignore[attr-defined]
+    else:
+        logging.captureWarnings(on)
+
+
+# --------------------------------------------------------------------------- umask, time zone
+def _umask() -> int:
+    """The process's umask. Read from /proc where it can be: setting it to read it, even for an
+    instant, would give a file another thread creates meanwhile other permissions."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def _zone() -> tuple:
+    """The time zone ``time.localtime`` and ``time.strftime`` use: read from ``TZ`` by the last
+    ``time.tzset()`` (or at startup), not by setting ``TZ`` alone."""
+    return time.tzname, time.timezone, time.altzone, time.daylight
+
+
+def _changed_zone() -> Optional[tuple]:
+    """The time zone when the job changed it (``time.tzset()`` after setting ``TZ``), else None:
+    a job that only set the variable keeps the zone the process began with, as it did here."""
+    zone = _zone()
+    return zone if _start["zone"] is _RESTORED or zone != _start["zone"] else None
+
+
+def _apply_zone(zone: tuple) -> None:
+    """``time.tzset()`` with the job's ``TZ``, which ``context.restore`` has put back by now."""
+    _start["zone"] = _RESTORED
+    if _zone() == zone:
+        return
+    time.tzset()
+    if _zone() != zone:
+        warnings.warn(f"the job's time zone {zone[0]!r} could not be put back (TZ={os.environ.get('TZ')!r} gives "
+                      f"{time.tzname!r} on this node); local times after the restore may differ",
+                      RuntimeWarning, stacklevel=3)
+
+
+# --------------------------------------------------------------------------- signal handlers
+def _signals() -> list[int]:
+    """The signals a handler can be installed for (not SIGKILL or SIGSTOP)."""
+    cannot = {getattr(signal, name) for name in ("SIGKILL", "SIGSTOP") if hasattr(signal, name)}
+    return sorted(int(sig) for sig in signal.valid_signals() if sig not in cannot)
+
+
+def _signal_handlers(probe: Callable[[Any], Optional[str]]) -> dict[int, Any]:
+    """signal number -> handler, for the signals whose handler the job changed since `begin`
+    (a function of the job, ``SIG_IGN``, ``SIG_DFL``); one that cannot be saved is named once."""
+    out: dict[int, Any] = {}
+    started = _start["signals"]
+    for sig in _signals():
+        handler = signal.getsignal(sig)
+        if handler is None or sig in started and started[sig] is handler:
+            continue  # a handler installed outside Python, or the one the process began with
+        why = probe(handler)
+        if why is None:
+            out[sig] = handler
+        elif (f"signal {sig}", id(handler)) not in _warned:
+            _warned.add((f"signal {sig}", id(handler)))
+            warnings.warn(f"the handler {handler!r} of signal {signal.Signals(sig).name} cannot be saved ({why}); "
+                          f"after a restore that signal has the new process's handler", RuntimeWarning, stacklevel=3)
+    return out
+
+
+def host_sets_signal(sig: int, handler: Any) -> None:
+    """``signal.signal(sig, handler)`` by the host while the program runs (the worker's SIGTERM
+    handler putting back the default action, so that a second notice ends the process): the
+    host's handler, like one it set before `begin`, so no checkpoint saves it as the job's (a
+    restored job would then be ended by its next preemption notice instead of stopping)."""
+    signal.signal(sig, handler)
+    _start["signals"][int(sig)] = signal.getsignal(sig)
+
+
+def _apply_signals(saved: dict[int, Any]) -> None:
+    for sig, handler in saved.items():
+        _start["signals"][sig] = _RESTORED
+        try:
+            signal.signal(sig, handler)
+        except (ValueError, OSError) as exc:  # not the main thread, or a signal this system lacks
+            warnings.warn(f"the job's handler {handler!r} of signal {sig} could not be put back ({exc}); "
+                          f"that signal has the new process's handler", RuntimeWarning, stacklevel=3)

@@ -719,11 +719,12 @@ def _assume_saves(obj: Any) -> Optional[str]:
 
 
 def _settings_kept(graph: dict) -> tuple:
-    """What the probes of `_graph`'s settings decide: the module globals and the loggers whose
-    handlers are saved."""
+    """What the probes of `_graph`'s settings decide: the module globals, the loggers whose
+    handlers are saved and the signals whose handlers are."""
     return (module_state.kept_names(graph["modules"]),
             sorted(name for name, conf in graph["process"]["logging"]["loggers"].items()
-                   if conf["handlers"] is not None))
+                   if conf["handlers"] is not None),
+            sorted(graph["process"]["signals"]))
 
 
 def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals: Optional[dict],

@@ -1,0 +1,67 @@
+"""Process settings a script makes once before its loop and that live outside its variables, through
+a chain of stops: ``logging.captureWarnings(True)`` (after a restore warnings went to stderr, not the
+log file), ``os.umask(0o077)`` (files made after it were 0o644), ``TZ`` with ``time.tzset()`` (the
+variable came back, the zone did not: UTC times) and a ``SIGUSR1`` handler (the default action
+ended the resumed process)."""
+from __future__ import annotations
+
+import shutil
+import stat
+import textwrap
+
+from harness import pick_stops, run_chain, trace_of
+
+SETTINGS = """
+import logging, os, signal, stat, time, warnings
+here = os.path.dirname(os.path.abspath(__file__))
+logging.basicConfig(filename=os.path.join(here, "train.log"), filemode="w", level=logging.INFO,
+                    format="%(levelname)s %(message)s")
+logging.captureWarnings(True)
+os.umask(0o077)
+os.environ["TZ"] = "Asia/Kolkata"
+time.tzset()
+got = []
+
+def on_usr1(signum, frame):
+    got.append(signum)
+    print("got SIGUSR1: dumping stats", flush=True)
+
+signal.signal(signal.SIGUSR1, on_usr1)
+os.makedirs(os.path.join(here, "out"), exist_ok=True)
+for step in range(12):
+    if step == 9:
+        warnings.warn(f"loss plateaued at step {step}")
+        os.kill(os.getpid(), signal.SIGUSR1)
+    path = os.path.join(here, "out", f"step{step}.txt")
+    with open(path, "w") as f:
+        f.write(time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(1_700_000_000 + 3600 * step)) + "\\n")
+    logging.info("step %d", step)
+    print("step", step, oct(stat.S_IMODE(os.stat(path).st_mode)),
+          time.strftime("%H:%M %Z", time.localtime(1_700_000_000)), got, flush=True)
+"""
+
+
+def _outputs(folder) -> dict[str, tuple[str, int]]:
+    """Each file the script wrote: its text and its permissions."""
+    return {p.name: (p.read_text(), stat.S_IMODE(p.stat().st_mode)) for p in sorted((folder / "out").iterdir())}
+
+
+def test_warnings_capture_umask_time_zone_and_a_signal_handler_survive_a_chain_of_stops(launcher, tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text(textwrap.dedent(SETTINGS))
+    target = [str(job / "train.py")]
+    base, trace = trace_of(launcher, target, tmp_path)
+    log, files = (job / "train.log").read_text(), _outputs(job)
+    assert "step 11 0o600 03:43 IST [10]" in base.stdout and "got SIGUSR1" in base.stdout, base.describe()
+    assert "UserWarning: loss plateaued at step 9" in log and {mode for _, mode in files.values()} == {0o600}
+
+    (job / "train.log").unlink()
+    shutil.rmtree(job / "out")  # a file written again keeps the mode it was created with
+    loops = [t["step"] for t in trace if t["kind"] == "loop"]
+    stops = sorted(set(pick_stops(trace, 1, extra=2)) | {loops[9]})  # one restore just before the signal
+    out, runs = run_chain(launcher, target, stops, tmp_path / "ck")
+    assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"
+    assert (job / "train.log").read_text() == log
+    assert _outputs(job) == files
+    assert all("loss plateaued" not in r.stderr for r in runs)
