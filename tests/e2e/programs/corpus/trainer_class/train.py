@@ -1,9 +1,18 @@
-# A Trainer class: fit() runs epochs, train_epoch() runs the batches of one epoch.
+# A Trainer class: fit() runs epochs, train_epoch() runs the batches of one epoch; after each
+# epoch the history so far is pickled (records of a dataclass of the script, dicts of metrics).
 import argparse
+import dataclasses
+import pickle
 import time
 
 import torch
 from torch import nn
+
+
+@dataclasses.dataclass
+class EpochRecord:
+    epoch: int
+    mean: float
 
 
 class Trainer:
@@ -12,6 +21,7 @@ class Trainer:
         self.opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
         self.sleep = sleep
         self.history = []
+        self.records = []
 
     def train_epoch(self, epoch, batches):
         self.model.train()
@@ -30,6 +40,9 @@ class Trainer:
         for epoch in range(epochs):
             mean = self.train_epoch(epoch, batches)
             self.history.append(mean)
+            self.records.append((EpochRecord(epoch, mean), {"epoch": epoch, "train/loss": mean}))
+            with open("records.pkl", "wb") as f:
+                pickle.dump(self.records, f)
             print(f"epoch {epoch} mean {mean!r}", flush=True)
         return self.history
 
