@@ -123,11 +123,12 @@ def _function_state(fn: types.FunctionType) -> Optional[tuple]:
     return None
 
 
-def capture(folders: Iterable[str], probe: Callable[[Any], Optional[str]]) -> dict[str, dict[str, Any]]:
-    """module name -> {global name: value} for the job's modules; ``probe(v)`` says why ``v``
-    does not pickle (None when it does)."""
+def capture(folders: Iterable[str], probe: Callable[[Any], Optional[str]],
+            modules: Optional[dict[str, types.ModuleType]] = None) -> dict[str, dict[str, Any]]:
+    """module name -> {global name: value} for the job's modules (``modules``, when the caller
+    has asked `job_modules` already); ``probe(v)`` says why ``v`` does not pickle (None when it does)."""
     out: dict[str, dict[str, Any]] = {}
-    for name, module in job_modules(folders).items():
+    for name, module in (job_modules(folders) if modules is None else modules).items():
         saved: dict[str, Any] = {}
         classes: dict[str, dict[str, Any]] = {}
         functions: dict[str, tuple] = {}

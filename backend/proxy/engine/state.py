@@ -48,7 +48,7 @@ import time
 import types
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import cloudpickle
 
@@ -653,19 +653,22 @@ def _write_checkpoint(rt: RuntimeView, boundary: Optional[int], label: int,
         raise _failure(loop_failures, plan())
     probing = not _SETTINGS_SAVED["so_far"]
     assumed: Optional[dict] = None  # the graph built without probes, when its save failed
-    strings = canonical_strings.candidates(rt.program.code, module_state.job_modules(_job_folders(rt)).values())
+    folders = _job_folders(rt)
+    modules = module_state.job_modules(folders)
+    header = canonical_strings.header_for(rt.program.code, modules.values())
     for _attempt in range(3):
-        graph = _graph(rt, position, namespace, saved_locals, rebuild, probe if probing else _assume_saves)
+        graph = _graph(rt, position, namespace, saved_locals, rebuild, probe if probing else _assume_saves,
+                       (folders, modules))
         written: dict[str, Any] = {}
 
         def writer(f: "RankFile") -> None:
-            blob_bytes = save_graph(graph, f, f.blob_dir if ctl.world_size > 1 else None, f.blobs, strings)
+            blob_bytes = save_graph(graph, f, f.blob_dir if ctl.world_size > 1 else None, f.blobs, header)
             written["bytes"] = f.bytes + blob_bytes
 
         try:
             if snapshot:
                 snap = background.Snapshot()
-                save_graph(graph, snap, strings=strings)
+                save_graph(graph, snap, header=header)
                 result: tuple[Any, int, list[str]] = (snap, snap.bytes, sorted(rebuild))
             else:
                 ref = ctl.store.write(label, ctl.rank, ctl.world_size, writer)
@@ -728,7 +731,9 @@ def _settings_kept(graph: dict) -> tuple:
 
 
 def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals: Optional[dict],
-           rebuild: dict[str, int], probe_setting: Callable[[Any], Optional[str]]) -> dict:
+           rebuild: dict[str, int], probe_setting: Callable[[Any], Optional[str]],
+           job: tuple[list[str], dict[str, types.ModuleType]]) -> dict:
+    """The checkpoint's graph; ``job`` is the job's folders and the modules imported from them."""
     by_statement: dict[int, list[str]] = {}
     for name, index in rebuild.items():
         by_statement.setdefault(index, []).append(name)
@@ -750,7 +755,7 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         "position": position,
         "namespace": namespace if in_locals else _without(namespace, rebuild),
         "locals": _without(saved_locals, rebuild) if in_locals else None,
-        "modules": module_state.capture(_job_folders(rt), probe_setting),  # config.lr = args.lr: set again on restore
+        "modules": module_state.capture(job[0], probe_setting, job[1]),  # config.lr = args.lr: set again on restore
         "submodules": imported_submodules.capture(rt.program.submodule_imports),  # import logging.config
         "patches": library_patches.capture(rt.fn_globals or rt.ns, rt.program.patched_attributes, probe_setting),
         "exit_handlers": exit_handlers.capture(probe_setting),  # atexit.register(write_summary): run at the real end
@@ -778,26 +783,26 @@ def _job_folders(rt: RuntimeView) -> list[str]:
 
 
 def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,
-               blobs: Optional[dict[str, int]] = None, strings: Sequence[str] = ()) -> int:
+               blobs: Optional[dict[str, int]] = None,
+               header: canonical_strings.Header = canonical_strings.EMPTY) -> int:
     """Write ``graph`` to ``f``; returns the blob bytes this call wrote.
 
     When torch is loaded, `dedup.dump` (pickle protocol 5): each tensor storage once, inline in
     the file, or with ``blob_dir`` (several ranks) in the shared blob folder unless it is small,
     recording the blobs the file references in ``blobs``.  Without torch a plain pickle
     (protocol 4: nothing in the graph can be a tensor, and importing torch costs ~1 s).
-    Before the graph, a header pickle of ``strings`` (`canonical_strings`), which the graph
-    refers to rather than writing them again.
+    Before the graph, the ``header`` pickle of the program's strings (`canonical_strings`), which
+    the graph refers to rather than writing them again.
     """
-    strings = list(strings)
     torch = lazy.torch()
     protocol = 4 if torch is None else 5
-    f.write(canonical_strings.header(strings, protocol))
+    f.write(header.pickle(protocol))
     tail = graph.get("tail")
     notes = tail if isinstance(tail, training_state.Tail) else contextlib.nullcontext()
     if torch is None:
         with notes:
             pickler = ProxyPickler(f, protocol=protocol)
-            canonical_strings.preload(pickler, strings)
+            header.preload(pickler)
             pickler.dump(graph)
         return 0
     from ..checkpoint import dedup
@@ -805,7 +810,7 @@ def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,
     with notes:
         stats = dedup.dump(graph, f, dedup.BlobStore(blob_dir) if blob_dir is not None else None,
                            pickler=PICKLE_MODULE.Pickler, protocol=protocol, on_tensor=training_state.note_tensor,
-                           prepare=lambda p: canonical_strings.preload(p, strings))
+                           prepare=header.preload)
     if blobs is not None:
         blobs.update(stats.storages)
     return stats.blob_bytes_written
