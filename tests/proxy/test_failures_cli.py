@@ -235,3 +235,37 @@ def test_a_running_thread_and_a_csv_reader_are_refused_with_advice_that_fits(lau
         failed = [d["error"] for _, d in run.events("checkpoint_failed")]
         assert len(failed) == 1 and all(e in failed[0] for e in expected), failed
         assert "dict" not in failed[0] and "close it" not in failed[0], failed
+
+
+THREAD_FEEDING_A_QUEUE = """
+import queue, threading
+
+def producer(q, n):
+    for i in range(n):
+        q.put(i * i)
+    q.put(None)
+
+q = queue.Queue(maxsize=2)
+t = threading.Thread(target=producer, args=(q, 8), daemon=True)
+t.start()
+step = 0
+while (item := q.get()) is not None:
+    print("step", step, item)
+    step += 1
+"""
+
+
+def test_a_running_thread_in_a_variable_is_refused_not_made_again_unstarted(launcher, tmp_path):
+    """``t = threading.Thread(...); t.start()`` at the top level: a checkpoint while it runs
+    re-created it from its statement, unstarted, so a restore would wait forever for what it no
+    longer puts in the queue (or, with the queue full, the advice was about ``q.not_full._waiters``)."""
+    script = tmp_path / "producer.py"
+    script.write_text(THREAD_FEEDING_A_QUEUE)
+    target = [str(script)]
+    base, trace = trace_of(launcher, target, tmp_path)
+    step = [t["step"] for t in trace if t["kind"] == "loop"][2]
+    run = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "ck"), "--stop-at-step", str(step)])
+    assert run.rc == 0 and run.stdout == base.stdout, run.describe()
+    failed = [d for _, d in run.events("checkpoint_failed")]
+    assert len(failed) == 1 and "`t` is a running thread (producer)" in failed[0]["error"], failed
+    assert "t" in [v[0] for v in failed[0]["variables"]], failed

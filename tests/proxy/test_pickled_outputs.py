@@ -99,7 +99,7 @@ def test_a_checkpoints_strings_come_back_as_the_objects_of_the_code_compiled_aga
     exec(code, ns)
     path = tmp_path / "rank-0.pt"
     with open(path, "wb") as f:
-        state.save_graph({"history": ns["history"]}, f, strings=canonical_strings.candidates(code, ()))
+        state.save_graph({"history": ns["history"]}, f, header=canonical_strings.header_for(code, ()))
     again = compile(HISTORY, "<cell>", "exec")
     with canonical_strings.restoring(again):
         history = state._read_graph(path, tmp_path / "no-blobs")["history"]

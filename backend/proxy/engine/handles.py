@@ -81,7 +81,10 @@ def install() -> None:
 
 
 def progress_free(value: Any) -> bool:
-    """True for a value that re-running its creating statement re-creates exactly."""
+    """True for a value that re-running its creating statement re-creates exactly (not a running
+    thread: the statement would make it again unstarted, and what it was doing would stop)."""
+    if isinstance(value, threading.Thread) and value.is_alive():
+        return False
     module = getattr(type(value), "__module__", "") or ""
     return any(module == m or module.startswith(m + ".") for m in PROGRESS_FREE_MODULES) or _script_function(value)
 
