@@ -90,6 +90,39 @@ def test_submitted_callable_with_loops(client):
     assert stdout_lines(job) == expected_lines
 
 
+def _make_counter_trainer(scale, steps):
+    """A factory's closure: its state (``weights``, ``seen``) lives in cells, not in its locals."""
+    weights = [1.0, -0.5]
+    seen = []
+
+    def run(seed):
+        import random as _random
+        import time as _t
+
+        rng = _random.Random(seed)
+        for i in range(steps):
+            weights[0] = weights[0] * 0.9 + rng.random() * scale
+            weights[1] += weights[0] / 7
+            seen.append(round(weights[1], 12))
+            print(f"closure {i} {seen[-1]!r}", flush=True)
+            _t.sleep(0.03)
+        return seen, weights
+
+    return run
+
+
+def test_a_submitted_closure_resumes_with_its_cells_as_they_were(client):
+    """The cells of a submitted closure came back as submitted, not as at the checkpoint: the run
+    went on from the initial weights after a restore, silently."""
+    plain = client.submit(_make_counter_trainer(0.5, 24), 3)
+    expected = plain.result(timeout=120)
+    job = client.submit(_make_counter_trainer(0.5, 24), 3)
+    wait_for_lines(job, 8)
+    preempt_and_resume(job, 0)
+    assert job.result(timeout=120) == expected
+    assert stdout_lines(job) == stdout_lines(plain)
+
+
 def test_resume_on_the_other_node(client, reference, cluster):
     expected_lines, expected_result = reference("defined-things")
     job = client.submit(source("defined_things.py"))

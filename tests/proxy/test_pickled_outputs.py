@@ -112,3 +112,35 @@ def test_a_checkpoints_strings_come_back_as_the_objects_of_the_code_compiled_aga
     assert state._read_graph(path, tmp_path / "no-blobs")["history"] == ns["history"]
     path.write_bytes(pickle.dumps({"history": ns["history"]}, protocol=4))
     assert state._read_graph(path, tmp_path / "no-blobs")["history"] == ns["history"]
+
+
+LATE_STATE = """
+import os, torch
+HERE = os.path.dirname(os.path.abspath(__file__))
+torch.manual_seed(5)
+body, head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+opt = torch.optim.Adam([*body.parameters(), *head.parameters()], lr=1e-2)
+for i in range(10):
+    h = body(torch.randn(8, 4))
+    loss = h.pow(2).mean() if i < 5 else head(h).pow(2).mean()  # head's Adam state begins at 5
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(i, loss.item().hex())
+torch.save(opt.state_dict(), os.path.join(HERE, "opt.pt"))
+"""
+
+
+def test_an_optimizers_state_made_after_a_restore_saves_with_the_same_bytes(launcher, tmp_path):
+    """Adam's state for parameters that first get a gradient after the restore is keyed by
+    torch's own constants (``"exp_avg"``); the restored entries must be keyed by those too."""
+    folders = {}
+    for name in ("base", "chain"):
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        (folders[name] / "late.py").write_text(textwrap.dedent(LATE_STATE))
+    base, trace = trace_of(launcher, [str(folders["base"] / "late.py")], tmp_path)
+    stops = [t["step"] for t in trace if t["kind"] == "loop"][2:4]
+    out, _ = run_chain(launcher, [str(folders["chain"] / "late.py")], stops, tmp_path / "ck")
+    assert out == base.stdout
+    assert (folders["chain"] / "opt.pt").read_bytes() == (folders["base"] / "opt.pt").read_bytes()

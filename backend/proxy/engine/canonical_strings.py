@@ -39,7 +39,7 @@ _TABLES: dict[int, tuple[types.CodeType, dict[str, str]]] = {}
 _MODULE_NAMES: dict[tuple[int, int], tuple[types.ModuleType, list[str]]] = {}
 
 
-def _identifier_like(s: str) -> bool:
+def identifier_like(s: str) -> bool:
     """What CPython interns among a code object's constants (letters, digits, underscore; ASCII)."""
     return s.isascii() and s.replace("_", "a").isalnum()
 
@@ -96,7 +96,7 @@ def _module_identifiers(module: types.ModuleType) -> list[str]:
             code = getattr(fn, "__code__", None)
             if isinstance(code, types.CodeType) and getattr(fn, "__module__", None) == module.__name__:
                 codes.append(code)
-    names = list(dict.fromkeys(s for code in codes for s in _strings(code) if _identifier_like(s)))
+    names = list(dict.fromkeys(s for code in codes for s in _strings(code) if identifier_like(s)))
     _MODULE_NAMES[key] = (module, names)
     return names
 
@@ -177,4 +177,4 @@ def resolve(value: str) -> str:
     found = program_table(_RESTORE_CODE.get()).get(value)
     if found is not None:
         return found
-    return sys.intern(value) if _identifier_like(value) else value
+    return sys.intern(value) if identifier_like(value) else value

@@ -39,11 +39,17 @@ class _Owner:
         """Whether ``fn`` is the program's: a function, or a method or ``functools.partial`` of one."""
         while isinstance(fn, (types.MethodType, functools.partial)):
             fn = fn.__func__ if isinstance(fn, types.MethodType) else fn.func
-        if not isinstance(fn, types.FunctionType) or self.globals is None:
+        if not isinstance(fn, types.FunctionType):
             return False
-        if fn.__globals__ is self.globals:
+        return self.owns(fn.__code__, fn.__globals__)
+
+    def owns(self, code: types.CodeType, code_globals: dict) -> bool:
+        """Whether code running with these globals (a function's, a generator frame's) is the program's."""
+        if self.globals is None:
+            return False
+        if code_globals is self.globals:
             return True
-        return self.folder is not None and in_job_folder(os.path.realpath(fn.__code__.co_filename), [self.folder])
+        return self.folder is not None and in_job_folder(os.path.realpath(code.co_filename), [self.folder])
 
 
 #: set by the program for the length of its run

@@ -339,7 +339,9 @@ class ResumableProgram:
             rt.rebuilt = rebuild_variables(rt, graph, globals_, saved_locals)
             rt.begin_restore(graph["position"], graph["step"], graph["rng"], saved_locals, dict(saved_locals))
         factory = types.FunctionType(self._code, globals_, f"{PREFIX}factory")
-        cells = [c.cell_contents for c in self.fn.__closure__ or ()]
+        saved_cells = (graph or {}).get("closure") or {}  # a closure's state at the checkpoint
+        cells = [saved_cells.get(name, c.cell_contents)
+                 for name, c in zip(self.fn.__code__.co_freevars, self.fn.__closure__ or ())]
         fn = factory(rt, *cells)
         src = self.fn
         fn.__defaults__ = src.__defaults__

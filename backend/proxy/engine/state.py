@@ -54,12 +54,12 @@ import cloudpickle
 
 from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
                exit_handlers, handles, imported_submodules, iterators, lazy, libraries, library_patches,
-               module_state, open_files, process_settings, rng, scoped_modes, training_state)
+               module_state, open_files, ownership, process_settings, rng, scoped_modes, training_state)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
 from .ports import RuntimeView
-from .rewrite import PREFIX
+from .rewrite import PREFIX, RT
 from ..checkpoint.store import CheckpointDamaged, CheckpointStore, DigestMismatch, expected_digest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -496,7 +496,37 @@ def _not_reenterable(manager: Any) -> Optional[str]:
         return ("torch.random.fork_rng(): it saved the RNG state when it was entered and restores it "
                 "at its end; a restore would enter it again and save another state. Take the "
                 "checkpoint outside it (e.g. keep the with statement inside the loop body)")
+    own = _own_manager(manager, gen, frame)
+    if own:
+        return (f"{own}, a context manager of the job's own: stopping the job runs its exit, and a restore "
+                f"would run its enter again (what they print or count would happen twice; an uninterrupted "
+                f"run does each once). Take the checkpoint outside it: put the with statement inside the "
+                f"loop body, or around the code after the loop")
+    if isinstance(manager, warnings.catch_warnings) and getattr(manager, "_record", False):
+        return ("warnings.catch_warnings(record=True): a restore would enter it again with a new, empty "
+                "list, and the warnings caught before the stop would be lost. Record them in a list of "
+                "your own (`warnings.showwarning = lambda *a, **k: caught.append(a[0])`), or take the "
+                "checkpoint outside it")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(manager, torch.autocast) and getattr(manager, "_cache_enabled", False):
+        return ("torch.autocast around the loop: it keeps low-precision copies of the weights for the "
+                "whole block (not updated by the optimizer's steps), and a restore would start with none, "
+                "so the steps after it would compute with other values. Put the with statement around the "
+                "forward pass and the loss inside the loop, as PyTorch recommends, or pass cache_enabled=False")
     return None
+
+
+def _own_manager(manager: Any, gen: Any, frame: Any) -> str:
+    """How to name ``manager`` if its enter and exit are the program's code (a ``@contextmanager``
+    function or a class of the job), else ''."""
+    if isinstance(manager, contextlib._GeneratorContextManager):
+        if frame is not None and ownership.PROGRAM.owns(gen.gi_code, frame.f_globals):
+            return f"{gen.gi_code.co_name}(), a @contextmanager"
+        return ""
+    cls = type(manager)
+    if ownership.PROGRAM(getattr(cls, "__enter__", None)) or ownership.PROGRAM(getattr(cls, "__exit__", None)):
+        return f"a {cls.__qualname__}"
+    return ""
 
 
 def _redirected_streams(rt: RuntimeView) -> dict[str, Any]:
@@ -546,6 +576,17 @@ def _variables(rt: RuntimeView) -> tuple[dict, Optional[dict]]:
         wanted = set(rt.program.local_names)
         saved_locals = {k: v for k, v in rt.fn_frame.f_locals.items() if k in wanted and k not in skip}
     return namespace, saved_locals
+
+
+def _closure_values(rt: RuntimeView) -> Optional[dict]:
+    """The values of a submitted callable's free variables (the model and optimizer a factory
+    made for the closure it returned), which are its state as much as its locals are: a restore
+    hands them to the rewritten function instead of those of the submitted closure."""
+    frame = rt.fn_frame
+    if frame is None:
+        return None
+    mine = {name for name in frame.f_code.co_freevars if name != RT and not name.startswith("__")}
+    return {name: value for name, value in frame.f_locals.items() if name in mine}
 
 
 def graphs_in_use(rt: RuntimeView) -> Optional[autograd_graphs.GraphsHeld]:
@@ -755,6 +796,7 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         "position": position,
         "namespace": namespace if in_locals else _without(namespace, rebuild),
         "locals": _without(saved_locals, rebuild) if in_locals else None,
+        "closure": _closure_values(rt),  # a submitted closure's cells: `run` of make_trainer(lr)
         "modules": module_state.capture(job[0], probe_setting, job[1]),  # config.lr = args.lr: set again on restore
         "submodules": imported_submodules.capture(rt.program.submodule_imports),  # import logging.config
         "patches": library_patches.capture(rt.fn_globals or rt.ns, rt.program.patched_attributes, probe_setting),

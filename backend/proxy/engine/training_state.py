@@ -38,7 +38,7 @@ import sys
 import weakref
 from typing import Any, Iterator, Optional
 
-from . import autograd_graphs, id_keys, iterators, lazy, rng
+from . import autograd_graphs, canonical_strings, id_keys, iterators, lazy, rng
 
 _NOTES: contextvars.ContextVar[Optional["Tail"]] = contextvars.ContextVar("sg_training_tail", default=None)
 
@@ -194,8 +194,26 @@ def _reduce_optimizer(opt: Any) -> tuple:
 def _set_optimizer(opt: Any, saved: tuple) -> None:
     state, wrapped = saved
     opt.__setstate__(state)  # the class's own hook: re-registers hooks, patches step profiling
+    _intern_keys([opt.defaults, *opt.param_groups, *opt.state.values()])
     if wrapped:
         _wrap_step_like_lr_scheduler(opt)
+
+
+def _intern_keys(dicts: list[Any]) -> None:
+    """Make the identifier-like string keys of ``dicts`` the interned strings, in place.
+
+    An optimizer keys its state with constants of its code (``"exp_avg"``, ``"lr"``), which are
+    the interned strings; unpickled keys are other objects. A parameter whose state is made after
+    a restore then gets the code's key while the others keep theirs, and ``torch.save(
+    opt.state_dict())`` writes the key twice where the uninterrupted run referred back to it.
+    """
+    for d in dicts:
+        if not isinstance(d, dict) or all(type(k) is not str or sys.intern(k) is k for k in d):
+            continue
+        items = list(d.items())
+        d.clear()
+        d.update((sys.intern(k) if type(k) is str and canonical_strings.identifier_like(k) else k, v)
+                 for k, v in items)
 
 
 def _wrap_step_like_lr_scheduler(opt: Any) -> None:

@@ -1,0 +1,106 @@
+"""With statements a restore would enter again, where that differs from an uninterrupted run:
+a checkpoint inside them is refused, naming the statement and what to do, and the job runs on.
+Each resumed silently wrong before: a ``@contextmanager`` or a class of the job's own (its exit
+ran at the stop and its enter again at the restore: "begin"/"end" printed twice, a class counter
+drifting), ``warnings.catch_warnings(record=True)`` (the warnings caught before the stop were
+lost) and ``torch.autocast`` around the loop (its cache of low-precision weights started empty,
+so the losses after the restore differed)."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from harness import trace_of
+
+OWN_GENERATOR = """
+from contextlib import contextmanager
+
+@contextmanager
+def phase(name):
+    print("begin", name)
+    try:
+        yield name.upper()
+    finally:
+        print("end", name)
+
+with phase("train") as tag:
+    for step in range(6):
+        print(tag, step)
+"""
+
+OWN_CLASS = """
+class Timer:
+    depth = 0
+    def __enter__(self):
+        Timer.depth += 1
+        return self
+    def __exit__(self, *exc):
+        Timer.depth -= 1
+        return False
+
+with Timer() as t:
+    for step in range(6):
+        print(step, Timer.depth)
+"""
+
+RECORDED_WARNINGS = """
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for step in range(6):
+        warnings.warn(f"step {step}")
+        print(step, len(caught))
+"""
+
+AUTOCAST = """
+import torch
+torch.manual_seed(1)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    for step in range(6):
+        loss = model(torch.randn(3, 4)).float().pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(step, loss.item().hex())
+"""
+
+
+@pytest.mark.parametrize("source, named", [
+    (OWN_GENERATOR, "phase(), a @contextmanager, a context manager of the job's own"),
+    (OWN_CLASS, "a Timer, a context manager of the job's own"),
+    (RECORDED_WARNINGS, "warnings.catch_warnings(record=True)"),
+    (AUTOCAST, "torch.autocast around the loop"),
+], ids=["contextmanager", "class", "catch_warnings", "autocast"])
+def test_a_checkpoint_inside_a_manager_a_restore_would_enter_again_is_refused(launcher, tmp_path, source, named):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(source))
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    step = [t["step"] for t in trace if t["kind"] == "loop"][2]
+    run = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / "ck"), "--stop-at-step", str(step)])
+    assert run.rc == 0 and run.stdout == base.stdout, run.describe()
+    failed = [d["error"] for _, d in run.events("checkpoint_failed")]
+    assert len(failed) == 1 and "the with statement at line" in failed[0] and named in failed[0], failed
+
+
+def test_a_library_manager_that_only_switches_a_mode_still_resumes(launcher, tmp_path):
+    """``torch.no_grad()`` and a ``catch_warnings()`` that records nothing are entered again, exactly."""
+    script = tmp_path / "eval.py"
+    script.write_text(textwrap.dedent("""
+        import warnings, torch
+        torch.manual_seed(0)
+        w = torch.randn(3)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for step in range(6):
+                w = w * 0.5 + torch.randn(3)
+                print(step, w.sum().item().hex(), torch.is_grad_enabled())
+    """))
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    step = [t["step"] for t in trace if t["kind"] == "loop"][2]
+    first = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / "ck"), "--stop-at-step", str(step)])
+    assert first.events("stopped"), first.describe()
+    rest = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / "ck"), "--restore"])
+    assert first.stdout + rest.stdout == base.stdout, rest.describe()
