@@ -5,6 +5,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from harness import SCRIPTS, run_chain, trace_of
 
 SLEEP_HOOK = "SINGULARITY_PROXY_TEST_SLEEP_IN_WRITE"
@@ -269,3 +271,50 @@ def test_a_running_thread_in_a_variable_is_refused_not_made_again_unstarted(laun
     failed = [d for _, d in run.events("checkpoint_failed")]
     assert len(failed) == 1 and "`t` is a running thread (producer)" in failed[0]["error"], failed
     assert "t" in [v[0] for v in failed[0]["variables"]], failed
+
+
+RECURSIVE = """
+import time
+
+def descend(depth):
+    if depth == 6:
+        return 0
+    for k in range(2):
+        print(depth, k)
+        time.sleep(0.1)
+    return 1 + descend(depth + 1)
+
+print("depth", descend(0))
+"""
+
+@pytest.mark.parametrize("when", ["before it starts", "while it runs"])
+def test_a_request_to_a_program_without_safe_points_is_answered(tmp_path, when):
+    """A stop asked for while a program without safe points was being loaded (a lambda submitted
+    as the callable) was never answered; one asked for while it runs is answered at once."""
+    from backend.proxy import CheckpointStore, Controller, ResumableProgram
+
+    events = []
+    ctl = Controller(CheckpointStore(tmp_path / "ck"), on_event=lambda t, d: events.append((t, d)))
+    program = ResumableProgram.from_callable(lambda n: __import__("time").sleep(n) or n, (0.3,))
+    assert not program.has_safe_points
+    if when == "before it starts":
+        ctl.request_checkpoint("stop", "preempt")
+    else:
+        import threading
+
+        threading.Timer(0.1, ctl.request_checkpoint, kwargs={"then": "stop", "reason": "preempt"}).start()
+    with pytest.warns(RuntimeWarning, match="runs without safe points"):
+        assert program.run({}, ctl) == 0.3
+    failed = [d["error"] for t, d in events if t == "checkpoint_failed"]
+    assert len(failed) == 1 and "has no safe points" in failed[0], events
+
+
+def test_a_stop_asked_for_inside_recursion_is_answered_when_the_program_ends(launcher, tmp_path):
+    """Loops in a recursive call have no safe points: the request waited, and the program ended
+    without a word to the caller about it."""
+    script = tmp_path / "job.py"
+    script.write_text(RECURSIVE)
+    run = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / "ck"), "--stop-after-seconds", "0.35"])
+    assert run.rc == 0, run.describe()
+    failed = [d["error"] for _, d in run.events("checkpoint_failed")]
+    assert len(failed) == 1 and "ended before a safe point" in failed[0], run.describe()

@@ -75,10 +75,7 @@ class Controller:
             raise ValueError("timeout_s must be positive seconds")
         rt = self._runtime
         if rt is not None and not rt.program.has_safe_points:
-            self.emit("checkpoint_failed", {
-                "error": "this program has no safe points (no loops and a single statement, or a callable "
-                         "whose source is unavailable): it cannot be checkpointed while it runs",
-                "variables": []})
+            self._answer_no_safe_points()
             return
         now = time.monotonic()
         with self._lock:
@@ -87,6 +84,12 @@ class Controller:
             self.flag = True
         if timeout_s is not None:
             self._arm_expiry(timeout_s)
+
+    def _answer_no_safe_points(self) -> None:
+        self.emit("checkpoint_failed", {
+            "error": "this program has no safe points (no loops and a single statement, or a callable "
+                     "whose source is unavailable): it cannot be checkpointed while it runs",
+            "variables": []})
 
     def _arm_expiry(self, delay: float) -> None:
         timer = threading.Timer(delay, self._expire)
@@ -219,6 +222,11 @@ class Controller:
     def attach(self, rt: RuntimeView) -> None:
         self._runtime = rt
         self._thread_id = threading.get_ident()
+        if not rt.program.has_safe_points:
+            with self._lock:  # a request that came while the program was being loaded
+                request, self._pending = self._pending, None
+            if request is not None:
+                self._answer_no_safe_points()
         now = time.monotonic()
         if self.checkpoint_every is not None:
             self._next_periodic = now + self.checkpoint_every
@@ -230,9 +238,11 @@ class Controller:
         self.writer.wait()  # a checkpoint being written behind the loop commits before the run ends
         with self._lock:
             request, deferred = self._pending, self._deferred_why
-        if request is not None and deferred:  # say why the program ended with it untaken
+        if request is not None and (deferred or request.reason != "periodic"):  # say why it ended untaken
+            why = deferred or ("none came: safe points are at the top of the loops the engine instruments "
+                               "(see the job's 'interruptible' event), not in recursive calls")
             self.emit("checkpoint_failed", {
-                "error": f"the program ended before a safe point fit for a checkpoint ({deferred})",
+                "error": f"the program ended before a safe point fit for a checkpoint ({why})",
                 "variables": [], "then": request.then, "reason": request.reason, "stage": "safe point"})
         self._stop_ticker.set()
         if self._ticker is not None:
