@@ -11,8 +11,9 @@ from singularity_sdk.render import describe
 
 def test_the_events_of_real_jobs_fit_their_payload_models(cluster):
     with cluster.client() as c:
+        # long enough (~6 s of steps) that the preempt lands before the end on a loaded machine
         moved = c.submit(source("ddp_train.py"), filename="ddp_train.py", gpus=2, ranks=2, name="payloads",
-                         checkpoint_every=0.5)
+                         checkpoint_every=0.5, env={"STEPS": "300"})
         wait_for_lines(moved, 3)
         moved.checkpoint(timeout=120)
         moved.preempt(timeout=120)
