@@ -124,15 +124,16 @@ class IfFrame:
 class BlockFrame:
     """Frame of a ``with`` or ``try`` body; a context manager so Python pops it on any exit."""
 
-    __slots__ = ("rt", "node", "kind", "managers", "saved_files", "modes_before", "settings_before")
+    __slots__ = ("rt", "node", "kind", "managers", "saved_files", "modes_before", "settings_before", "saved_held")
 
     def __init__(self, rt: LoopHost, node: int, kind: str, saved_files: Optional[list] = None,
-                 modes_before: tuple = (None, None)) -> None:
+                 modes_before: tuple = (None, None), saved_held: Optional[list] = None) -> None:
         self.rt = rt
         self.node = node
         self.kind = kind
         self.managers: list = []  # a with statement's context managers, in item order
         self.saved_files = saved_files or []  # on restore: the checkpoint's handles of the files it wrote
+        self.saved_held = saved_held or []  # on restore: the job's own managers it held (held_managers.py)
         self.modes_before = modes_before  # grad mode and decimal context before a with statement (scoped_modes.py)
         #: process settings before the first context manager that switches some (scoped_modes.py)
         self.settings_before: Optional[dict] = None

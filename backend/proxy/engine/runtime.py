@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from . import frames, iterators, manual_next, open_files, process_settings, rng, scoped_modes, taking
+from . import frames, held_managers, iterators, manual_next, open_files, process_settings, rng, scoped_modes, taking
 from ..checkpoint.errors import CheckpointError, Preempted
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
 from .ports import ControllerView, ProgramView
@@ -241,7 +241,7 @@ class Runtime:
             return BlockFrame(DORMANT, node, "with")
         if self.restoring:
             rec, _ = self._take(node)
-            return BlockFrame(self, node, "with", rec.get("files"), scoped_modes.current())
+            return BlockFrame(self, node, "with", rec.get("files"), scoped_modes.current(), rec.get("held"))
         return BlockFrame(self, node, "with", None, scoped_modes.current())
 
     def enter_try(self, node: int) -> BlockFrame:
@@ -263,6 +263,13 @@ class Runtime:
             return manager
         index = len(frame.managers)
         frame.managers.append(manager)
+        if held_managers.is_own_class_manager(manager):  # the job's own: held across stops
+            held = frame.saved_held[index] if self.restoring and index < len(frame.saved_held) else None
+            if held is None:
+                held = held_managers.HeldManager(manager, self)
+            held.runtime = self
+            frame.managers[index] = held
+            return held
         if frame.settings_before is None and process_settings.switches_settings(manager):
             frame.settings_before = scoped_modes.settings_now()  # what it will put back at its end
         if not self.restoring or not isinstance(manager, io.IOBase):

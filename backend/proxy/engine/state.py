@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import cloudpickle
 
 from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
-               exit_handlers, handles, imported_submodules, iterators, lazy, libraries, library_patches,
-               module_state, open_files, ownership, process_settings, rng, scoped_modes, training_state)
+               exit_handlers, handles, held_managers, imported_submodules, iterators, lazy, libraries,
+               library_patches, module_state, open_files, ownership, process_settings, rng, scoped_modes, training_state)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
@@ -439,6 +439,7 @@ def _records(rt: RuntimeView, entries: list, boundary: Optional[int], last: int,
             rec = {"node": frame.node, "kind": frame.kind, "line": nodes[frame.node].line}
             if frame.kind == "with":
                 rec["files"] = _with_files(frame, rec["line"], failures)
+                rec["held"] = _held_managers(frame, rec["line"], failures)
                 failures.extend(CheckpointFailure(f"the with statement at line {rec['line']} holds {why}")
                                 for why in map(_not_reenterable, frame.managers) if why)
             records.append(rec)
@@ -467,6 +468,22 @@ def _with_files(frame: BlockFrame, line: int, failures: list[CheckpointFailure])
             except OSError:  # a loop is iterating it: the loop puts it back in place (manual_next.py)
                 pass
         out.append(saved)
+    return out
+
+
+def _held_managers(frame: BlockFrame, line: int, failures: list[CheckpointFailure]) -> list:
+    """The job's own managers of a with statement (`held_managers`), in item order (None for
+    others): saved, so a restore goes on inside the statement without entering them again."""
+    out: list = []
+    for manager in frame.managers:
+        held = manager if isinstance(manager, held_managers.HeldManager) else None
+        why = probe(held) if held is not None else None
+        if why is not None:
+            failures.append(CheckpointFailure(
+                f"the with statement at line {line} holds a {type(held.manager).__qualname__}, a context manager "
+                f"of the job's own that cannot be saved ({why}); a restore would have to enter it again. Take "
+                f"the checkpoint outside it (put the with statement inside the loop body), or make it picklable"))
+        out.append(held)
     return out
 
 
@@ -517,15 +534,11 @@ def _not_reenterable(manager: Any) -> Optional[str]:
 
 
 def _own_manager(manager: Any, gen: Any, frame: Any) -> str:
-    """How to name ``manager`` if its enter and exit are the program's code (a ``@contextmanager``
-    function or a class of the job), else ''."""
-    if isinstance(manager, contextlib._GeneratorContextManager):
-        if frame is not None and ownership.PROGRAM.owns(gen.gi_code, frame.f_globals):
-            return f"{gen.gi_code.co_name}(), a @contextmanager"
-        return ""
-    cls = type(manager)
-    if ownership.PROGRAM(getattr(cls, "__enter__", None)) or ownership.PROGRAM(getattr(cls, "__exit__", None)):
-        return f"a {cls.__qualname__}"
+    """How to name ``manager`` if it is a ``@contextmanager`` function of the job's own, else ''
+    (the job's own classes are held across the stop instead: held_managers.py)."""
+    if isinstance(manager, contextlib._GeneratorContextManager) and frame is not None \
+            and ownership.PROGRAM.owns(gen.gi_code, frame.f_globals):
+        return f"{gen.gi_code.co_name}(), a @contextmanager"
     return ""
 
 

@@ -1,0 +1,58 @@
+"""A context manager of the job's own around safe points: held across a stop, not re-entered.
+
+``with Timer("fit") as t:`` around the training loop, ``Timer`` a class of the script or of a
+module in the job's folder: a restore runs the with statement's header again, so its
+``__enter__`` would run a second time (and the stop's unwinding would have run its ``__exit__``):
+what they print or count happens twice where an uninterrupted run does each once. So the
+runtime wraps such a manager as it is made (`HeldManager`): a stop skips its ``__exit__`` (the
+block is not over), the checkpoint saves the manager and what its ``__enter__`` returned, and a
+restore continues the with statement with them, without entering it again; its ``__exit__`` runs
+once, when the block really ends. The header expression is still evaluated at restore (its
+result is dropped). A ``@contextmanager`` function of the job (a suspended generator, which does
+not pickle) is refused instead (state.py).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Optional
+
+from . import ownership
+
+
+def is_own_class_manager(manager: Any) -> bool:
+    """Whether ``manager``'s ``__enter__`` or ``__exit__`` is the program's code (not a ``@contextmanager``)."""
+    if isinstance(manager, contextlib._GeneratorContextManager):
+        return False
+    cls = type(manager)
+    return ownership.PROGRAM(getattr(cls, "__enter__", None)) or ownership.PROGRAM(getattr(cls, "__exit__", None))
+
+
+class HeldManager:
+    """Stands for a job's own context manager in its with statement (see the module docstring)."""
+
+    __slots__ = ("manager", "value", "runtime", "entered")
+
+    def __init__(self, manager: Any, runtime: Any, value: Any = None, entered: bool = False) -> None:
+        self.manager = manager
+        self.value = value  # what the manager's __enter__ returned: the `as` target
+        self.runtime = runtime
+        self.entered = entered
+
+    def __enter__(self) -> Any:
+        if not self.entered:  # a restored one was entered before the stop
+            self.value = self.manager.__enter__()
+            self.entered = True
+        return self.value
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Optional[bool]:
+        if self.runtime is not None and self.runtime.preempting:
+            return False  # a stop, not the end of the block: the restore goes on inside it
+        return self.manager.__exit__(et, ev, tb)
+
+    def __reduce__(self) -> tuple:
+        return _held, (self.manager, self.value)
+
+
+def _held(manager: Any, value: Any) -> HeldManager:
+    """A manager restored from a checkpoint: entered already; the runtime sets ``runtime``."""
+    return HeldManager(manager, None, value, entered=True)
