@@ -12,7 +12,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any, MutableMapping
 
-from singularity_sdk import Job
+from singularity_sdk import Job, unpickle
 from singularity_sdk.errors import APIError, JobCancelled, JobFailed
 from singularity_sdk.protocol import JobState
 
@@ -75,10 +75,8 @@ def pull(payload: dict[str, Any], namespace: MutableMapping[str, Any], limit_mb:
             f"the job's variables are {size / 1e6:.1f} MB, over the pull limit of {limit_mb:g} MB: none were "
             f"brought back. Get them with job.outputs(), or raise the limit: %singularity_config --pull-limit-mb N")
         return out
-    import cloudpickle
-
     try:
-        values = cloudpickle.loads(base64.b64decode(blob))
+        values = unpickle.loads(base64.b64decode(blob))
     except Exception as exc:
         out.notes.append(f"the job's variables could not be loaded here ({type(exc).__name__}: {exc}); "
                          f"nothing was brought back")

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Union
 
 import httpx
 
-from . import tls
+from . import tls, unpickle
 from .config import REWRITE_MODULES_ENV, resolve
 from .errors import APIError, CheckpointFailed, AuthError, Conflict, InvalidRequest, JobCancelled, JobFailed, JobNotFound, ServerUnreachable
 from pydantic import TypeAdapter, ValidationError
@@ -261,9 +261,7 @@ class JobBase:
         blob = payload.get("pickle_b64")
         if blob is None:
             return None
-        import cloudpickle
-
-        return cloudpickle.loads(base64.b64decode(blob))
+        return unpickle.loads(base64.b64decode(blob))
 
     def _outputs(self, payload: dict[str, Any]) -> dict[str, Any]:
         if self.state != JobState.SUCCEEDED:
@@ -275,9 +273,7 @@ class JobBase:
         blob = payload.get("outputs_b64")
         if blob is None:
             return {}
-        import cloudpickle
-
-        return cloudpickle.loads(base64.b64decode(blob))
+        return unpickle.loads(base64.b64decode(blob))
 
 
 def reconnect_pauses(backoff: float, tick_s: float) -> list[float]:

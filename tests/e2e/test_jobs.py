@@ -92,6 +92,36 @@ def test_callable_with_args_and_closure(client):
     assert job.result(timeout=60) == [6, 7, 8]
 
 
+
+def test_a_result_leaves_the_callers_own_class_as_it_was(client, tmp_path, monkeypatch):
+    """A bound method of a class in the submitter's own module, submitted, returns an instance of
+    that class. Loading the result must not set the class's methods again from the job's copy
+    (cloudpickle's do: their code then says ``<dynamic-code>``): ``inspect.getsource`` kept
+    working, and the same method submitted again still has its safe points."""
+    import importlib
+    import inspect
+
+    (tmp_path / "own_trainer.py").write_text(
+        "class Trainer:\n"
+        "    def __init__(self, steps):\n"
+        "        self.steps, self.log = steps, []\n"
+        "    def fit(self, scale=1):\n"
+        "        for i in range(self.steps):\n"
+        "            self.log.append(i * scale)\n"
+        "        return self\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    own = importlib.import_module("own_trainer")
+    fit = own.Trainer.fit
+    first = client.submit(own.Trainer(3).fit, kwargs={"scale": 2}).result(timeout=60)
+    assert type(first) is own.Trainer and first.log == [0, 2, 4]
+    assert own.Trainer.fit is fit
+    assert "self.log.append" in inspect.getsource(own.Trainer.fit)
+    again = client.submit(own.Trainer(2).fit)
+    assert again.result(timeout=60).log == [0, 1]
+    (report,) = [e.data for e in again.events(follow=False) if e.type == EventType.INTERRUPTIBLE]
+    assert report["interruptible"] and report["loops"] == 1, report
+
 def test_torch_job_runs_with_fixed_threads(client):
     job = client.submit("import torch, os\n(torch.get_num_threads(), os.environ['CUDA_VISIBLE_DEVICES'], "
                         "int(os.environ['WORLD_SIZE']), torch.ones(3).sum().item())")
