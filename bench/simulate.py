@@ -7,6 +7,7 @@
                                         # a policy change: only singularity is simulated again
     .venv/bin/python bench/simulate.py --policies singularity,tiresias --seeds 0,1,2 --procs 2
                                         # the goals on three draws of the tiers, misses per draw
+    .venv/bin/python bench/simulate.py --tier-quota premium=0.05    # each user's premium work bounded
 
 For every week x cluster size it prints, per policy, mean / median / p99 JCT, mean and longest
 queueing delay, each tier's device-time share and the ratios to Tiresias (same overhead X),
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backend.scheduler.metrics import SimReport  # noqa: E402
-from backend.scheduler.simulator import POLICIES, simulate  # noqa: E402
+from backend.scheduler.simulator import POLICIES, per_user_quotas, simulate, tier_quota  # noqa: E402
 from backend.scheduler.trace import load_trace  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "traces"
@@ -51,9 +52,10 @@ def _trace(week: str) -> Path:
     return TRACES / f"philly-{week}-week.csv"
 
 
-def _run(args: tuple[str, str, int, int]) -> SimReport:
-    week, policy, gpus, seed = args
-    return simulate(load_trace(_trace(week), seed=seed), policy, gpus, 8, X, seed)
+def _run(args: tuple[str, str, int, int, tuple[tuple[str, float], ...]]) -> SimReport:
+    week, policy, gpus, seed, fractions = args
+    jobs = load_trace(_trace(week), seed=seed)
+    return simulate(jobs, policy, gpus, 8, X, seed, quotas=per_user_quotas(jobs, gpus, dict(fractions)))
 
 
 def _h(s: float) -> str:
@@ -142,7 +144,8 @@ def run_draw(args: argparse.Namespace, seed: int, cells: list[tuple[str, int]], 
     """Every week x size x policy on one draw of the tiers: print the tables; reports, goals missed."""
     weeks = list(dict.fromkeys(w for w, _ in cells))
     sizes = list(dict.fromkeys(g for _, g in cells))
-    runs = [(w, p, g, seed) for w, g in cells for p in policies]
+    fractions = tuple(args.tier_quota)
+    runs = [(w, p, g, seed, fractions) for w, g in cells for p in policies]
     reports: dict[Key, SimReport] = {}
     for k, d in reuse.items():
         w, g, p = k.split("@")[:3]
@@ -156,7 +159,7 @@ def run_draw(args: argparse.Namespace, seed: int, cells: list[tuple[str, int]], 
     for w, g in cells:
         for p in policies:
             if (w, g, p) not in reports:
-                reports[(w, g, p)] = _run((w, p, g, seed))
+                reports[(w, g, p)] = _run((w, p, g, seed, fractions))
         print(cell_table(w, g, reports, policies), flush=True)
     text, missed = goals(reports, cells)
     print(text)
@@ -182,6 +185,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help=f"comma-separated, from {', '.join(POLICIES)} (tiresias is the yardstick)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the tier draw")
     ap.add_argument("--seeds", help="comma-separated seeds: everything once per draw of the tiers (overrides --seed)")
+    ap.add_argument("--tier-quota", type=tier_quota, action="append", default=[], metavar="TIER=FRACTION",
+                    help="every user may hold this fraction of the devices in TIER (premium or standard); jobs"
+                         " beyond it run one tier down, for every policy (the yardsticks ignore tiers)")
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--json", metavar="FILE", help="write every report to FILE")
     ap.add_argument("--reuse", metavar="FILE",

@@ -33,6 +33,7 @@ from singularity_sdk.protocol import SLA, JobState
 from .baselines import SRTFPolicy, TiresiasPolicy, fifo_backfill_policy, fifo_gang_policy
 from .metrics import Finished, SimReport, format_report, summarize
 from .placement import fits_locality
+from .quotas import Quotas
 from .singularity import PolicyConfig, SingularityPolicy
 from .trace import TraceJob, load_trace
 from .types import Action, JobView, Migrate, NodeView, Place, Preempt, Resize, Snapshot
@@ -120,6 +121,7 @@ class Simulator:
         policy: Optional[Policy] = None,
         policy_name: str = "custom",
         seed: int = 0,
+        quotas: Optional[Quotas] = None,
     ):
         if gpus <= 0 or gpus_per_node <= 0:
             raise ValueError("gpus and gpus_per_node must be positive")
@@ -128,6 +130,9 @@ class Simulator:
         self.overhead_s = float(overhead_s)
         self.policy_name = policy_name
         self.seed = seed
+        #: (user, tier) -> devices of that tier the user's jobs may hold (``quotas.py``); every
+        #: snapshot carries them, as the live server's do
+        self.quotas = dict(quotas or {})
         self.sizes: dict[str, int] = {}
         left = gpus
         i = 0
@@ -294,7 +299,7 @@ class Simulator:
         # a job holding devices accrues attained service every second, so its view is rebuilt
         # each round; a waiting job's view stays valid until the job changes
         jobs = tuple(self._job_view(j) if j.held or j.view is None else j.view for j in self.active.values())
-        return Snapshot(now=self.now, nodes=nodes, jobs=jobs)
+        return Snapshot(now=self.now, nodes=nodes, jobs=jobs, quotas=self.quotas)
 
     def _node_view(self, name: str) -> NodeView:
         v = self._node_views.get(name)
@@ -496,9 +501,10 @@ def simulate(
     gpus_per_node: int = 8,
     overhead_s: float = 30.0,
     seed: int = 0,
+    quotas: Optional[Quotas] = None,
 ) -> SimReport:
     """Run one named policy over ``jobs`` and return its report."""
-    return run_policy(jobs, policy, gpus, gpus_per_node, overhead_s, seed)[0]
+    return run_policy(jobs, policy, gpus, gpus_per_node, overhead_s, seed, quotas=quotas)[0]
 
 
 def run_policy(
@@ -509,12 +515,36 @@ def run_policy(
     overhead_s: float = 30.0,
     seed: int = 0,
     progress: Optional[Callable[[int, int], None]] = None,
+    quotas: Optional[Quotas] = None,
 ) -> tuple[SimReport, Simulator]:
     """Run one named policy; the report and the simulator (its finished jobs and occupancy)."""
-    sim = Simulator(jobs, gpus, gpus_per_node, overhead_s, policy_name=policy, seed=seed)
+    sim = Simulator(jobs, gpus, gpus_per_node, overhead_s, policy_name=policy, seed=seed, quotas=quotas)
     sim.set_policy(make_policy(policy, sim, overhead_s))
     sim.progress = progress
     return sim.run(), sim
+
+
+def per_user_quotas(jobs: Sequence[TraceJob], gpus: int, fractions: dict[str, float]) -> dict[tuple[str, str], int]:
+    """Every user of the trace gets ``fraction`` of the cluster's devices (at least one) of each
+    tier named in ``fractions``: what an admin's tier quotas would be, for a simulated week."""
+    users = sorted({j.user for j in jobs})
+    return {(u, tier): max(1, int(gpus * f)) for tier, f in fractions.items() for u in users}
+
+
+def tier_quota(text: str) -> tuple[str, float]:
+    """``TIER=FRACTION`` of ``--tier-quota``: a tier that has one below it, a fraction in (0, 1]."""
+    tier, _, value = text.partition("=")
+    if tier not in ("premium", "standard"):
+        raise argparse.ArgumentTypeError(f"{text!r}: the tier is premium or standard (a job over its quota "
+                                         f"runs one tier down; basic has none below it)")
+    try:
+        f = float(value)
+    except ValueError:
+        f = -1.0
+    if not 0.0 < f <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the fraction of the cluster's devices per user is in (0, 1],"
+                                         f" e.g. {tier}=0.05")
+    return tier, f
 
 
 def _policy_list(text: str) -> list[str]:
@@ -534,6 +564,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"one or more, comma-separated: {', '.join(POLICIES)}")
     parser.add_argument("--overhead-s", type=float, default=30.0, help="cost of each preemption/migration/resize")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tier assignment")
+    parser.add_argument("--tier-quota", type=tier_quota, action="append", default=[], metavar="TIER=FRACTION",
+                        help="every user may hold this fraction of the devices in TIER (premium or standard);"
+                             " jobs beyond it run one tier down (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the report(s) as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the JCT CDF of each policy and the occupancy "
                                                           "per tier over time (needs matplotlib)")
@@ -547,13 +580,15 @@ def run_args(args: argparse.Namespace) -> int:
     from .progress import ProgressBar
 
     jobs = load_trace(args.trace, seed=args.seed)
+    quotas = per_user_quotas(jobs, args.gpus, dict(args.tier_quota))
     show = sys.stderr.isatty() if args.progress is None else args.progress
     runs: list[tuple[SimReport, Simulator]] = []
     for name in args.policy:
         bar = ProgressBar(f"{name} on {args.gpus} GPUs", after_s=1.0 if args.progress is None else 0.0) \
             if show else None
         try:
-            runs.append(run_policy(jobs, name, args.gpus, args.gpus_per_node, args.overhead_s, args.seed, bar))
+            runs.append(run_policy(jobs, name, args.gpus, args.gpus_per_node, args.overhead_s, args.seed, bar,
+                                   quotas))
         finally:
             if bar is not None:
                 bar.close()
@@ -582,7 +617,7 @@ def _finite(obj):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``simulate TRACE [--gpus N] [--gpus-per-node 8] [--policy P[,P...]] [--overhead-s X] [--seed S]
-    [--json] [--plot FILE.png] [--progress | --no-progress]``."""
+    [--tier-quota TIER=FRACTION ...] [--json] [--plot FILE.png] [--progress | --no-progress]``."""
     parser = argparse.ArgumentParser(prog="simulate", description="Replay a job trace through a scheduling policy.")
     add_arguments(parser)
     return run_args(parser.parse_args(argv))

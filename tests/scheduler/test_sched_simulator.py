@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.scheduler.simulator import InvalidAction, Simulator, main, make_policy, simulate
+from backend.scheduler.simulator import InvalidAction, Simulator, main, make_policy, per_user_quotas, simulate
 from backend.scheduler.trace import TraceJob, assign_tiers, load_trace
 from backend.scheduler.types import Place
 from singularity_sdk.protocol import SLA, JobState
@@ -83,6 +83,33 @@ def test_premium_arrival_shrinks_a_standard_job_in_the_simulator():
     assert jct["j-0"] == pytest.approx(1355.0)
     assert [e for e in sim.jobs["j-0"].placement] == []  # finished jobs hold nothing
 
+
+
+def test_a_premium_quota_makes_the_job_beyond_it_wait_as_standard_work():
+    # one user, 8 devices: a standard job of 8 runs; a long premium job of 4 shrinks it to 4 at
+    # t=100; at t=750 (the standard job no longer protected, under 1 device-hour of service)
+    # another premium job of 4 arrives. Unbounded, it preempts the standard job and runs at
+    # once. With a premium quota of half the cluster (4 devices, held by the first), it runs as
+    # standard work, which may take nothing from a job of its own user with so little service.
+    jobs = [job(0, 0.0, 5000.0, gpus=8, sla=S), job(1, 100.0, 3000.0, gpus=4, sla=P), job(2, 750.0, 200.0, gpus=4, sla=P)]
+    free, jct_free, _ = run(jobs, "singularity", gpus=8)
+    assert jct_free["j-1"] == pytest.approx(3000.0) and jct_free["j-2"] == pytest.approx(200.0)
+    assert free.guarantee["premium"] == pytest.approx(1.0)
+    quotas = per_user_quotas(jobs, 8, {"premium": 0.5})
+    assert quotas == {("u", "premium"): 4}
+    sim = Simulator(jobs, 8, 8, 30.0, policy_name="singularity", quotas=quotas)
+    sim.set_policy(make_policy("singularity", sim, 30.0))
+    bounded = sim.run()
+    assert sim.jobs["j-1"].finish - 100.0 == pytest.approx(3000.0)
+    assert sim.jobs["j-2"].finish - 750.0 > 200.0
+    assert bounded.guarantee["premium"] < 1.0
+
+
+def test_cli_tier_quota_is_checked_and_listed():
+    with pytest.raises(SystemExit):
+        main([str(PHILLY), "--tier-quota", "basic=0.1"])
+    with pytest.raises(SystemExit):
+        main([str(PHILLY), "--tier-quota", "premium=0"])
 
 def test_conservation_is_enforced_against_a_buggy_policy():
     def double_book(snapshot):
