@@ -1,13 +1,14 @@
-"""Load what a job sends back (results, outputs) without rewriting the caller's own classes.
+"""Load what a job sends back (results, outputs, a cell's variables) into the caller's process.
 
 cloudpickle sends classes of the submitter's own modules and notebook cells by value. When a
 result holding an instance of such a class comes back, cloudpickle maps it to the caller's class
 (the same tracker id, so ``isinstance`` holds) and then sets every attribute of that class again
-from the job's copy. Its methods become functions whose code says ``<dynamic-code>``:
-``inspect.getsource`` fails on them, tracebacks in the caller lose their lines, and the next
-``client.submit(obj.method)`` runs without safe points, since the worker gets no source to
-rewrite. Loading through ``loads`` keeps the classes the caller already has as they are; a class
-new to the caller is built as cloudpickle builds it.
+from the job's copy. That is right for what the job changed (``Meter.created += 1`` in a cell
+must show in the notebook, as it would have run there), but it also replaces every method with
+the job's copy, whose code says ``<dynamic-code>``: ``inspect.getsource`` fails on it, tracebacks
+in the caller lose their lines, and the next ``client.submit(obj.method)`` runs without safe
+points, since the worker gets no source to rewrite. ``loads`` applies the job's attributes but
+keeps the caller's own function wherever the job's has the same code.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ _LOCK = threading.Lock()
 
 
 def loads(data: bytes) -> Any:
-    """``cloudpickle.loads(data)``, leaving the caller's existing by-value classes untouched."""
+    """``cloudpickle.loads(data)``, keeping the methods of the caller's existing by-value classes."""
     import cloudpickle
     from cloudpickle import cloudpickle as impl
 
@@ -31,12 +32,31 @@ def loads(data: bytes) -> Any:
     with _LOCK:
         known = {id(cls) for cls in list(tracker.values())}
 
-        def keep_known(obj: Any, state: Any) -> Any:
-            return obj if id(obj) in known else setstate(obj, state)
+        def keep_own_methods(obj: Any, state: Any) -> Any:
+            if id(obj) in known and isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict):
+                attrs, slots = state
+                attrs = {k: v for k, v in attrs.items() if not _same_code(obj.__dict__.get(k), v)}
+                state = (attrs, slots)
+            return setstate(obj, state)
 
         # the stream names the state setter by module and name, looked up as it loads
-        impl._class_setstate = keep_known
+        impl._class_setstate = keep_own_methods
         try:
             return cloudpickle.loads(data)
         finally:
             impl._class_setstate = setstate
+
+
+def _same_code(mine: Any, theirs: Any) -> bool:
+    """Whether a class attribute the job sent is the caller's own function, unchanged: the same
+    kind (function, staticmethod, classmethod, property) around code that compares equal (code
+    equality ignores the file name cloudpickle replaces)."""
+    if mine is None or type(mine) is not type(theirs):
+        return False
+    if isinstance(mine, (staticmethod, classmethod)):
+        return _same_code(mine.__func__, theirs.__func__)
+    if isinstance(mine, property):
+        return all(_same_code(a, b) if a is not None else b is None
+                   for a, b in ((mine.fget, theirs.fget), (mine.fset, theirs.fset), (mine.fdel, theirs.fdel)))
+    code = getattr(mine, "__code__", None)
+    return code is not None and code == getattr(theirs, "__code__", None)

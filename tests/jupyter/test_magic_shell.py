@@ -37,15 +37,18 @@ def test_result_variables_and_output_come_back(shell, capsys, monkeypatch):
 
 def test_pulled_variables_leave_the_notebooks_own_classes_as_they_were(shell):
     """A class defined in a local cell travels to the cluster by value and comes back with the
-    cell's variables; the notebook's class must stay the object it was, methods included
-    (cloudpickle would set them again from the job's copy, whose code has no source)."""
-    shell.run_cell("class Tally:\n    def __init__(self):\n        self.seen = []\n"
+    cell's variables; the notebook's class must stay the object it was, its methods included
+    (cloudpickle would set them again from the job's copy, whose code has no source), while
+    what the cell changed in it (a counter in a class attribute) comes back."""
+    shell.run_cell("class Tally:\n    made = 0\n    def __init__(self):\n        self.seen = []\n"
+                   "        Tally.made += 1\n"
                    "    def add(self, v):\n        self.seen.append(v)\n        return self\n")
     cls = shell.user_ns["Tally"]
     add = cls.add
     assert shell.run_cell_magic("singularity", "", "t = Tally()\nfor i in range(3):\n    t.add(i)\nlen(t.seen)") == 3
     assert shell.user_ns["Tally"] is cls and cls.add is add
     assert type(shell.user_ns["t"]) is cls and shell.user_ns["t"].seen == [0, 1, 2]
+    assert cls.made == 1  # what the cell changed in the class comes back, as if it had run here
 
 def test_no_pull_and_the_pull_limit(shell, capsys):
     for name in ("fresh", "blob"):
