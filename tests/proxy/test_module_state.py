@@ -165,3 +165,34 @@ def test_state_held_by_a_modules_functions_comes_back(job_folder):
         assert again.report("m") == "default"  # the default is the restored _UNSET itself
     finally:
         sys.modules.pop("jobutil", None)
+
+
+def test_a_warning_a_helper_module_showed_once_is_not_shown_again_after_a_restore(job_folder):
+    """``warnings.warn`` in a helper shows a warning once per place (the "default" action), which
+    the module's ``__warningregistry__`` remembers. Restored in a process whose filters changed
+    another number of times, that registry must still count: not emptied, the warning not shown
+    again (a log file captured with ``logging.captureWarnings`` would differ)."""
+    import warnings
+
+    (job_folder / "jobwarn.py").write_text(
+        "import warnings\ndef normalize(v):\n    warnings.warn('normalize() is deprecated', FutureWarning)\n"
+        "    return v / 2\n")
+    import jobwarn
+
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")
+        jobwarn.normalize(1.0), jobwarn.normalize(2.0)
+        assert len(shown) == 1
+        saved = dumps({"modules": module_state.capture([str(job_folder)], probe)})
+    try:
+        del sys.modules["jobwarn"]
+        with warnings.catch_warnings(record=True) as shown:
+            warnings.simplefilter("default")
+            warnings.simplefilter("default")  # this process's filters have another history
+            module_state.apply(pickle.loads(saved)["modules"])
+            import jobwarn as again
+
+            again.normalize(3.0)
+            assert shown == []
+    finally:
+        sys.modules.pop("jobwarn", None)

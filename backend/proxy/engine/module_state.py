@@ -9,7 +9,8 @@ imported from the job's folder (any depth, also through a ``sys.path`` entry suc
 pickle graph as the program's variables (objects they share stay shared), and the restore sets
 them again after the load.
 
-Not recorded: names starting with ``__``, modules, and the functions and classes the module
+Not recorded: names starting with ``__`` (but ``__warningregistry__``, where a module's
+``warnings.warn`` calls remember what they have shown once: see `_current_warnings_version`), modules, and the functions and classes the module
 defines (its import makes them again); but a class's data attributes are (``AverageMeter.instances``,
 a registry dict, a counter: what ``cls.x = ...`` changed), under `CLASS_ATTRIBUTES`, and so is the
 state a function carries (`FUNCTION_STATE`: a mutable default used as storage, ``def f(x,
@@ -37,6 +38,8 @@ from ..checkpoint.errors import CheckpointError
 from .rewrite import PREFIX
 
 #: the key of a module's record under which its classes' data attributes are kept
+#: where ``warnings`` keeps, per module, the warnings shown once from it (the "default" action)
+WARNING_REGISTRY = "__warningregistry__"
 CLASS_ATTRIBUTES = "__class_attributes__"
 #: the key under which its functions' defaults and attributes are kept (``name`` or ``Class.name``)
 FUNCTION_STATE = "__function_state__"
@@ -133,7 +136,7 @@ def capture(folders: Iterable[str], probe: Callable[[Any], Optional[str]],
         classes: dict[str, dict[str, Any]] = {}
         functions: dict[str, tuple] = {}
         for key, value in list(vars(module).items()):
-            if key.startswith("__") or key.startswith(PREFIX):
+            if (key.startswith("__") and key != WARNING_REGISTRY) or key.startswith(PREFIX):
                 continue
             if not _made_by_import(module, value):
                 _keep(saved, name, key, value, probe)
@@ -208,5 +211,28 @@ def apply(saved: Optional[dict[str, dict[str, Any]]]) -> None:
                     if isinstance(fn, types.FunctionType):
                         fn.__defaults__, fn.__kwdefaults__ = defaults, kwdefaults
                         fn.__dict__.update(attributes)
+            elif key == WARNING_REGISTRY and isinstance(value, dict):
+                value["version"] = _current_warnings_version()
+                setattr(module, key, value)
             else:
                 setattr(module, key, value)
+
+
+def _current_warnings_version() -> int:
+    """The version ``warnings`` stamps on registries in this process.
+
+    A registry whose ``version`` is not the process's current one (which counts how often the
+    filters changed, so a restoring process has its own) is emptied at the next warning: the
+    restored one would show every warning again. ``warn_explicit`` stamps a fresh registry before
+    it consults the filters; the filters are replaced in place (no version bump) by one that
+    ignores everything for that call, so nothing is shown.
+    """
+    probe: dict[Any, Any] = {}
+    filters = warnings.filters
+    saved = filters[:]
+    filters[:] = [("ignore", None, Warning, None, 0)]
+    try:
+        warnings.warn_explicit("version probe", UserWarning, "<singularity>", 0, registry=probe)
+    finally:
+        filters[:] = saved
+    return int(probe.get("version", 0))
