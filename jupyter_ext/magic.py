@@ -7,6 +7,7 @@ the cell's value. Ctrl-C while waiting detaches (or cancels, or preempts) and ne
 """
 from __future__ import annotations
 
+import dataclasses
 import queue
 import sys
 from typing import Any, Optional
@@ -29,7 +30,7 @@ from .chart import sparkline
 from .follower import End, EventFollower
 from .results import outcome, pull, value_of
 from .text import TextPrinter
-from .variables import analyze, outputs_for, returnable, select_inputs
+from .variables import analyze, globals_of_own_functions, outputs_for, returnable, select_inputs
 
 
 class Watch:
@@ -148,6 +149,10 @@ class SingularityMagics(Magics):
                              f"or %magic works only in the notebook itself.") from None
         ns = self.shell.user_ns
         inputs = select_inputs(names.reads, ns, self.shell.user_ns_hidden)
+        used = globals_of_own_functions(inputs, ns, self.shell.user_ns_hidden)
+        if used:  # what the notebook's functions use travels too, and may change like the cell's own
+            inputs.update((n, v) for n, v in used.items() if n not in inputs)
+            names = dataclasses.replace(names, mutated=names.mutated | frozenset(used))
         too_big = _too_big_to_return({n: v for n, v in inputs.items() if n in names.mutated},
                                      self.session.pull_limit_mb)
         outputs = outputs_for(names, inputs, too_big)

@@ -76,7 +76,7 @@ def pull(payload: dict[str, Any], namespace: MutableMapping[str, Any], limit_mb:
             f"brought back. Get them with job.outputs(), or raise the limit: %singularity_config --pull-limit-mb N")
         return out
     try:
-        values = unpickle.loads(base64.b64decode(blob))
+        values = unpickle.loads(base64.b64decode(blob), main_globals=namespace)
     except Exception as exc:
         out.notes.append(f"the job's variables could not be loaded here ({type(exc).__name__}: {exc}); "
                          f"nothing was brought back")

@@ -58,6 +58,42 @@ def select_inputs(reads: Iterable[str], namespace: Mapping[str, Any], hidden: It
     return {n: namespace[n] for n in reads if n in namespace and n not in hidden and not _is_ipython_name(n)}
 
 
+def globals_of_own_functions(inputs: Mapping[str, Any], namespace: Mapping[str, Any],
+                              hidden: Iterable[str] = ()) -> dict[str, Any]:
+    """The notebook variables that the notebook's own functions among ``inputs`` use, and the
+    functions those call: ``history`` for ``def log(v): history.append(v)``.
+
+    Such a function runs in the cell's namespace on the cluster (it reads a ``decay`` the cell
+    rebinds, as in the notebook), so what it reads must be there, and what it may change in
+    place must come back like what the cell changes itself."""
+    hidden = set(hidden)
+    found: dict[str, Any] = {}
+    todo = [v for v in inputs.values() if isinstance(v, types.FunctionType) and v.__globals__ is namespace]
+    seen: set[int] = set()
+    while todo:
+        fn = todo.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        for name in _global_names(fn.__code__):
+            if name in found or name not in namespace or name in hidden or _is_ipython_name(name):
+                continue
+            value = namespace[name]
+            found[name] = value
+            if isinstance(value, types.FunctionType) and value.__globals__ is namespace:
+                todo.append(value)
+    return found
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """Names a function's code (its nested functions' included) may look up as globals."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
 def returnable(value: Any) -> bool:
     """Whether an input may have been changed by the job and is worth sending back
     (a model trained in place, a list appended to); modules, functions and plain values are not."""

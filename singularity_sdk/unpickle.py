@@ -9,25 +9,33 @@ the job's copy, whose code says ``<dynamic-code>``: ``inspect.getsource`` fails 
 in the caller lose their lines, and the next ``client.submit(obj.method)`` runs without safe
 points, since the worker gets no source to rewrite. ``loads`` applies the job's attributes but
 keeps the caller's own function wherever the job's has the same code.
+
+A function of ``__main__`` (a notebook cell's ``def``) travels with a copy of the globals it
+reads, so where it arrives it would read that copy, not the namespace it runs in: a cell that
+rebinds ``decay`` would not change what ``lr_at()`` reads, as it does in the notebook. With
+``main_globals``, such functions are made with that namespace as their globals instead.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any
+import types
+from typing import Any, Optional
 
 __all__ = ["loads"]
 
 _LOCK = threading.Lock()
 
 
-def loads(data: bytes) -> Any:
-    """``cloudpickle.loads(data)``, keeping the methods of the caller's existing by-value classes."""
+def loads(data: bytes, main_globals: Optional[dict[str, Any]] = None) -> Any:
+    """``cloudpickle.loads(data)``, keeping the methods of the caller's existing by-value classes;
+    functions of ``__main__`` get ``main_globals`` (when given) as their globals."""
     import cloudpickle
     from cloudpickle import cloudpickle as impl
 
     tracker = getattr(impl, "_DYNAMIC_CLASS_TRACKER_BY_ID", None)
     setstate = getattr(impl, "_class_setstate", None)
-    if not hasattr(tracker, "values") or setstate is None:  # a cloudpickle built otherwise
+    make_function = getattr(impl, "_make_function", None)
+    if not hasattr(tracker, "values") or setstate is None or make_function is None:  # a cloudpickle built otherwise
         return cloudpickle.loads(data)
     with _LOCK:
         known = {id(cls) for cls in list(tracker.values())}
@@ -39,12 +47,17 @@ def loads(data: bytes) -> Any:
                 state = (attrs, slots)
             return setstate(obj, state)
 
-        # the stream names the state setter by module and name, looked up as it loads
-        impl._class_setstate = keep_own_methods
+        def make_in_main(code: Any, globals_: dict, name: Any, argdefs: Any, closure: Any) -> Any:
+            if isinstance(main_globals, dict) and globals_.get("__name__") == "__main__":
+                return types.FunctionType(code, main_globals, name, argdefs, closure)
+            return make_function(code, globals_, name, argdefs, closure)
+
+        # the stream names these helpers by module and name, looked up as it loads
+        impl._class_setstate, impl._make_function = keep_own_methods, make_in_main
         try:
             return cloudpickle.loads(data)
         finally:
-            impl._class_setstate = setstate
+            impl._class_setstate, impl._make_function = setstate, make_function
 
 
 def _same_code(mine: Any, theirs: Any) -> bool:

@@ -168,13 +168,14 @@ def stop_on_sigterm(controller) -> None:
 
 
 def load_inputs(inputs_b64: Optional[str], namespace: dict[str, Any]) -> None:
-    """Variables sent with the job (a notebook's names the cell reads) start in its namespace."""
+    """Variables sent with the job (a notebook's names the cell reads) start in its namespace;
+    the notebook's own functions among them read and write that namespace, as in the notebook."""
     if inputs_b64:
         import base64
 
-        import cloudpickle
+        from singularity_sdk import unpickle
 
-        namespace.update(cloudpickle.loads(base64.b64decode(inputs_b64)))
+        namespace.update(unpickle.loads(base64.b64decode(inputs_b64), main_globals=namespace))
 
 
 def save_outputs(names: list[str], namespace: dict[str, Any], out_dir: Path) -> None:

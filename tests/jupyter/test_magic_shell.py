@@ -50,6 +50,19 @@ def test_pulled_variables_leave_the_notebooks_own_classes_as_they_were(shell):
     assert type(shell.user_ns["t"]) is cls and shell.user_ns["t"].seen == [0, 1, 2]
     assert cls.made == 1  # what the cell changed in the class comes back, as if it had run here
 
+
+def test_functions_of_earlier_cells_read_and_write_the_cells_namespace(shell):
+    """A function defined in a local cell reads the notebook's globals where it is called. Run in
+    a %%singularity cell it must read the cell's (a rebound ``decay``), and what it appends to a
+    global list must be the list the cell sees and brings back, as if the cell had run here."""
+    shell.run_cell("decay = 0.9\nhistory = []\ndef lr_at(s):\n    return round(decay ** s, 6)\n"
+                   "def log(v):\n    history.append(v)\n    return len(history)\n")
+    cell = "out = []\nfor step in range(4):\n    if step == 2:\n        decay = 0.5\n    out.append((lr_at(step), log(step)))\n" \
+           "(out, len(history))"
+    expected = [(1.0, 1), (0.9, 2), (0.25, 3), (0.125, 4)], 4
+    assert shell.run_cell_magic("singularity", "", cell) == expected
+    assert shell.user_ns["history"] == [0, 1, 2, 3] and shell.user_ns["decay"] == 0.5
+
 def test_no_pull_and_the_pull_limit(shell, capsys):
     for name in ("fresh", "blob"):
         shell.user_ns.pop(name, None)
