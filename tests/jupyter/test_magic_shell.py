@@ -63,6 +63,40 @@ def test_functions_of_earlier_cells_read_and_write_the_cells_namespace(shell):
     assert shell.run_cell_magic("singularity", "", cell) == expected
     assert shell.user_ns["history"] == [0, 1, 2, 3] and shell.user_ns["decay"] == 0.5
 
+
+def test_a_notebook_class_stays_the_class_of_its_objects_across_a_preempted_cell(shell):
+    """A model of a class from a local cell, trained in a %%singularity cell that is preempted
+    and resumed: what comes back must still be an instance of the notebook's class (the
+    restored job must keep the class's cloudpickle identity), as without the preemption."""
+    from exactness import preempt_and_resume
+
+    shell.run_cell("class Net:\n    def __init__(self):\n        self.steps = 0\n")
+    shell.run_cell("model = Net()")
+    before = magics(shell).last_job
+    done = threading.Event()
+
+    def preempt_once_it_prints() -> None:
+        while not done.is_set():
+            job = magics(shell).last_job
+            if job is not None and job is not before and \
+                    any(e.type.value == "log" for e in job.events(follow=False)):
+                preempt_and_resume(job, 0)
+                return
+            done.wait(0.05)
+
+    watcher = threading.Thread(target=preempt_once_it_prints, daemon=True)
+    watcher.start()
+    try:
+        cell = "import time\nfor i in range(40):\n    model.steps += 1\n    print('step', i, isinstance(model, Net), flush=True)\n" \
+               "    time.sleep(0.05)\nmodel.steps"
+        assert shell.run_cell_magic("singularity", "", cell) == 40  # the cell uses Net: it travels with it
+    finally:
+        done.set()
+        watcher.join(60)
+    job = magics(shell).last_job
+    assert any(e.type.value == "resumed" for e in job.events(follow=False))
+    assert type(shell.user_ns["model"]) is shell.user_ns["Net"] and shell.user_ns["model"].steps == 40
+
 def test_no_pull_and_the_pull_limit(shell, capsys):
     for name in ("fresh", "blob"):
         shell.user_ns.pop(name, None)

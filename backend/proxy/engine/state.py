@@ -162,6 +162,23 @@ def _fill_cell(cell: types.CellType, state: tuple) -> None:
     cell.cell_contents = state[0]
 
 
+def _make_class_answering_to(tracker_id: Optional[str], *args: Any) -> type:
+    """A class the program's namespace defines, made anew, then registered under the
+    cloudpickle tracker id it had.
+
+    Made anew: an earlier copy in this process (a restore in the process that stopped) has
+    methods that still see the old namespace. Registered: a class a notebook sent with the cell
+    (by value, with the notebook's tracker id) must keep that id after a restore, or the cell's
+    variables pulled back would hold instances of a new class: ``isinstance(model, Net)`` false
+    in the notebook."""
+    cls = _make_skeleton_class(*args)
+    if tracker_id is not None:
+        with _cp._DYNAMIC_CLASS_TRACKER_LOCK:
+            _cp._DYNAMIC_CLASS_TRACKER_BY_ID[tracker_id] = cls
+            _cp._DYNAMIC_CLASS_TRACKER_BY_CLASS[cls] = tracker_id
+    return cls
+
+
 class ProxyPickler(cloudpickle.Pickler):
     """cloudpickle, plus the namespace-aware rules described in the module docstring."""
 
@@ -195,11 +212,9 @@ class ProxyPickler(cloudpickle.Pickler):
                 and getattr(obj, "__module__", None) == ns.get("__name__") and ns.get(obj.__name__) is obj:
             reduced = list(_dynamic_class_reduce(obj))
             if reduced[0] is _make_skeleton_class:
-                # no class tracker: a restore in the same process must not reuse the old class,
-                # whose methods would still see the old namespace
                 args = list(reduced[1])
-                args[4] = None
-                reduced[1] = tuple(args)
+                tracker, args[4] = args[4], None
+                reduced[0], reduced[1] = _make_class_answering_to, (tracker, *args)
             return tuple(reduced)
         if isinstance(obj, types.ModuleType) and t is not types.ModuleType \
                 and sys.modules.get(obj.__name__) is obj:
