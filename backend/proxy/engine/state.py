@@ -76,6 +76,7 @@ try:
     _make_empty_cell = _cp._make_empty_cell
     _dynamic_class_reduce = _cp._dynamic_class_reduce
     _make_skeleton_class = _cp._make_skeleton_class
+    _code_reduce = _cp._code_reduce
     _should_pickle_by_reference = _cp._should_pickle_by_reference
     extract_code_globals = _cp._extract_code_globals
 except AttributeError as _e:  # pragma: no cover
@@ -162,6 +163,11 @@ def _fill_cell(cell: types.CellType, state: tuple) -> None:
     cell.cell_contents = state[0]
 
 
+def _code_named(args: tuple, filename: str) -> types.CodeType:
+    """A code object as cloudpickle rebuilds it, under its own file name again."""
+    return types.CodeType(*args).replace(co_filename=filename)
+
+
 def _make_class_answering_to(tracker_id: Optional[str], *args: Any) -> type:
     """A class the program's namespace defines, made anew, then registered under the
     cloudpickle tracker id it had.
@@ -198,6 +204,10 @@ class ProxyPickler(cloudpickle.Pickler):
     def _reduce(self, obj: Any, t: type) -> Any:
         """The rules; a rule that looks at more than the type must be excepted in `_decided_by_type`."""
         ns, own = _SAVE_NS.get() or (None, False)
+        if t is types.CodeType:
+            # cloudpickle names every code object "<dynamic-code>": a restored function's
+            # tracebacks would lose their source lines, and ``__code__.co_filename`` its file
+            return _code_named, (_code_reduce(obj)[1], obj.co_filename)
         if t is types.FunctionType and ns is not None and obj.__globals__ is ns \
                 and (own or not _should_pickle_by_reference(obj)):
             # the cells themselves (`CellType` below), so two closures of one factory
