@@ -71,6 +71,29 @@ def test_preempt_inside_a_long_library_call_answers_where_and_runs_on(bounded):
         assert stdout_lines(job) == ["loading\n"] + [f"{i}\n" for i in range(40)]
 
 
+
+def _fit_of_an_earlier_cell():
+    """``fit`` as a notebook cell defines it: a function of ``__main__`` (sent by value)."""
+    cell = {"__name__": "__main__"}
+    exec("import time\ndef fit(n):\n    total = 0\n    for step in range(n):\n        total += step\n"
+         "        print('fit', step, flush=True)\n        time.sleep(0.05)\n    return total\n", cell)
+    return cell["fit"]
+
+
+def test_a_loop_in_a_function_of_an_earlier_cell_is_named_with_what_to_do(bounded):
+    """The commonest notebook shape: a training function defined in an earlier cell, called by
+    the %%singularity cell. It travels as a variable, without source, so its loop has no safe
+    point; the answer must say so and what to do, not only where the job is."""
+    with bounded.client() as client:
+        job = client.submit("result = fit(400)\nresult", inputs={"fit": _fit_of_an_earlier_cell()},
+                            outputs=["result"], filename="<cell>", name="earlier-cell")
+        wait_for_lines(job, 3)
+        with pytest.raises(CheckpointFailed, match=r"fit\(\) came with the job's variables .* define it in the cell"):
+            job.preempt(timeout=BOUND + SLACK + 30)
+        assert job.refresh().state == JobState.RUNNING
+        job.cancel()
+        job.wait(30)
+
 def test_resize_of_a_data_parallel_job_stuck_in_a_library_call_answers_and_runs_on(bounded):
     name = "ddp_stuck_then_loop.py"
     env = {"STUCK_S": "10", "STEPS": "60"}

@@ -125,8 +125,15 @@ class Controller:
         deferred, self._deferred_why = self._deferred_why, None
         if deferred:
             what = f"no safe point fit for a checkpoint reached ({deferred})"
+        hint = ""
+        library = str(spot.get("library") or "")
+        if library.startswith("__main__.") and str(spot.get("library_at", "")).startswith("<dynamic-code>"):
+            # a function that came with the job's variables: a notebook's earlier cell, pickled
+            hint = (f" {library[len('__main__.'):]}() came with the job's variables (a function of an earlier "
+                    f"notebook cell): its loops have no safe points; define it in the cell that runs it, or "
+                    f"write its loop in that cell.")
         self.emit("checkpoint_failed", {
-            "error": f"{what} within {waited:.0f} s: the job is at {where.describe(spot)}. "
+            "error": f"{what} within {waited:.0f} s: the job is at {where.describe(spot)}.{hint} "
                      f"Safe points are at the top of the loops the engine instruments (see the job's "
                      f"'interruptible' event); the job runs on untouched",
             "variables": [], "timeout": True, "waited_s": round(waited, 3), "where": spot,
