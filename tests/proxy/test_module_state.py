@@ -196,3 +196,64 @@ def test_a_warning_a_helper_module_showed_once_is_not_shown_again_after_a_restor
             assert shown == []
     finally:
         sys.modules.pop("jobwarn", None)
+
+
+SHARED_UTILS = """
+import random
+
+rng = random.Random(7)
+calls = 0
+
+
+def noisy(x):
+    global calls
+    calls += 1
+    return x + rng.random()
+"""
+
+USES_SHARED = """
+import os, sys
+sys.path.insert(0, os.environ["SHARED_UTILS"])
+import teamutils
+
+total = 0.0
+for step in range(12):
+    total += teamutils.noisy(step)
+    print(step, teamutils.calls, repr(total))
+"""
+
+
+def test_a_module_on_sys_path_outside_the_job_folder_keeps_its_globals(launcher, tmp_path):
+    """A team's shared utilities checkout put on sys.path: its counter and its Random continue."""
+    from harness import pick_stops, run_chain, trace_of
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "teamutils.py").write_text(SHARED_UTILS)
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text(USES_SHARED)
+    env = {"SHARED_UTILS": str(shared)}
+    base, trace = trace_of(launcher, [str(job / "train.py")], tmp_path, env)
+    assert "11 12 " in base.stdout
+    for seed in (1, 2):
+        out, _ = run_chain(launcher, [str(job / "train.py")], pick_stops(trace, seed, extra=1),
+                           tmp_path / f"ck-{seed}", env)
+        assert out == base.stdout
+
+
+def test_code_a_library_loaded_under_a_made_up_name_is_not_the_jobs(job_folder, tmp_path_factory):
+    """torch.compile writes modules to a cache folder and loads them by file: no path search finds
+    them by name, so their globals (kernels) are not the job's."""
+    import importlib.util
+
+    cache = tmp_path_factory.mktemp("kernel-cache")
+    (cache / "c3xk.py").write_text("kernel = object()\n")
+    spec = importlib.util.spec_from_file_location("c3xk_generated", cache / "c3xk.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["c3xk_generated"] = module
+    try:
+        assert "c3xk_generated" not in module_state.job_modules([str(job_folder)])
+    finally:
+        del sys.modules["c3xk_generated"]

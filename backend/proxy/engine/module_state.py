@@ -5,7 +5,8 @@ Scripts keep settings and counters in modules beside them: ``import config`` the
 module-level ``calls``. A restore imports those modules afresh, so their globals would be back at
 their import-time values: a silent difference. So a checkpoint records, for each module the program
 imported from the job's folder (any depth, also through a ``sys.path`` entry such as ``src/``; not
-``site-packages``, hidden folders or the service's own packages), its data globals, in the same
+``site-packages``, hidden folders or the service's own packages) or found by its name on ``sys.path``
+outside every library folder (a shared utilities checkout, a source tree on ``PYTHONPATH``), its data globals, in the same
 pickle graph as the program's variables (objects they share stay shared), and the restore sets
 them again after the load.
 
@@ -63,8 +64,8 @@ def begin() -> None:
 
 
 def job_modules(folders: Iterable[str]) -> dict[str, types.ModuleType]:
-    """The modules imported since the program began whose source file lies in one of ``folders``
-    (the job's own)."""
+    """The modules imported since the program began that are the job's own: their source file lies
+    in one of ``folders``, or `_own_module_elsewhere` says so."""
     real = [os.path.realpath(f) for f in folders]
     if _start["pid"] != os.getpid():  # a forked child, or begin() was never called
         begin()
@@ -88,11 +89,32 @@ def job_modules(folders: Iterable[str]) -> dict[str, types.ModuleType]:
             # it would resolve into the job's folder)
             mine = _decided[key] = isinstance(path, str) and os.path.isabs(path) and name != "__main__" \
                 and module is not main and name.partition(".")[0] not in OWN_PACKAGES \
-                and not _installed(path, real) and in_job_folder(os.path.realpath(path), real)
+                and not _installed(path, real) \
+                and (in_job_folder(os.path.realpath(path), real) or _own_module_elsewhere(name, path))
         if mine:
             out[name] = module
     _last_answer[:] = [real, dict(sys.modules), out]
     return dict(out)
+
+
+def _own_module_elsewhere(name: str, path: str) -> bool:
+    """Whether a module outside the job's folders is still the user's: a ``.py`` file the import
+    system finds by the module's name on ``sys.path`` (or its package's path), in no library
+    folder and no hidden one (a shared utilities checkout put on ``sys.path``, a source tree on
+    ``PYTHONPATH``). Not code a library wrote and loaded under a made-up name (torch.compile's
+    generated modules), which no search of the path finds."""
+    if not path.endswith(".py") or _installed(path, []) \
+            or any(p.startswith(".") or p == "__pycache__" for p in path.split(os.sep)[:-1]):
+        return False
+    parent, _, leaf = name.rpartition(".")
+    if parent:
+        package = sys.modules.get(parent)
+        entries = list(getattr(package, "__path__", None) or ())
+    else:
+        entries = [e or os.curdir for e in sys.path if isinstance(e, str)]
+    real = os.path.realpath(path)
+    return any(os.path.realpath(os.path.join(e, *candidate)) == real
+               for e in entries for candidate in ((leaf + ".py",), (leaf, "__init__.py")))
 
 
 def _installed(path: str, folders: list[str]) -> bool:

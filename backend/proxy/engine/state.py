@@ -54,7 +54,8 @@ import cloudpickle
 
 from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
                exit_handlers, handles, held_managers, imported_submodules, iterators, lazy, libraries,
-               library_patches, module_state, open_files, ownership, process_settings, rng, scoped_modes, training_state)
+               library_patches, module_state, open_files, ownership, process_settings, rng, scoped_modes, set_layouts,
+               training_state)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
@@ -203,6 +204,8 @@ class ProxyPickler(cloudpickle.Pickler):
 
     def _reduce(self, obj: Any, t: type) -> Any:
         """The rules; a rule that looks at more than the type must be excepted in `_decided_by_type`."""
+        if t is set_layouts.Pending:  # last in the graph: every set is in the memo by now
+            return set_layouts.reduce_pending(self.memo)
         ns, own = _SAVE_NS.get() or (None, False)
         if t is types.CodeType:
             # cloudpickle names every code object "<dynamic-code>": a restored function's
@@ -849,6 +852,8 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         "fingerprint": fingerprint.capture(libraries.rewritten_distributions()),  # what an exact resume depends on: checked on restore
         # last: refers back to the tensors and optimizers above (grads, a GradScaler's pending state)
         "tail": tail,
+        # after everything: the tables of the sets above, so they iterate as they did
+        "set_layouts": set_layouts.Pending(),
     }
     tail.roots = [graph["namespace"], graph["locals"], graph["modules"], position]
     return graph
