@@ -492,3 +492,21 @@ def test_iterables_the_loop_makes_afresh_may_advance_themselves_in_a_replay(laun
     target = _script(tmp_path, FRESH_ITERABLES_THAT_ADVANCE_THEMSELVES)
     base, trace = trace_of(launcher, target, tmp_path)
     assert_chains_match(launcher, target, base, trace, tmp_path, seeds=(1, 2, 3), extra=3)
+
+
+def test_a_stream_drawing_random_numbers_is_refused_at_a_checkpoint_after_a_restore(launcher, tmp_path):
+    """Stopped at its first batch (accepted: only the first item drew), restored, then asked to
+    stop mid-epoch: the stop used to be accepted (the restored loop's items were no longer
+    watched) and its restore to refuse, failing the job. The checkpoint now refuses, as the first
+    time, and the job runs on."""
+    target = _script(tmp_path, RANDOM_STREAM)
+    base, trace = trace_of(launcher, target, tmp_path)
+    loops = [t["step"] for t in trace if t["kind"] == "loop"]
+    ck = ["--checkpoint-dir", str(tmp_path / "ck")]
+    first = launcher.run(target + ck + ["--stop-at-step", str(loops[0])])
+    assert first.rc == EXIT_PREEMPTED, first.describe()
+    rest = launcher.run(target + ck + ["--restore", "--stop-at-step", str(loops[5])])
+    assert rest.rc == 0, rest.describe()
+    assert first.stdout + rest.stdout == base.stdout
+    [failed] = [d for _, d in rest.events("checkpoint_failed")]
+    assert "drew random numbers after the first" in failed["error"] and "num_workers=1 or more" in failed["error"]

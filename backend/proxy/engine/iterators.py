@@ -310,13 +310,17 @@ def as_at_start(states: Sequence[tuple[Any, dict]], where: str) -> Iterator[None
 class WatchedDigesting(item_digest.Digesting):
     """`item_digest.Digesting` for a loop's own replayable leaf, which also notes whether taking
     its second to fourth items drew from the global random generators (``drew``): a restore would
-    refuse to replay it (`_skip`), so the checkpoint refuses first, while the job can run on."""
+    refuse to replay it (`_skip`), so the checkpoint refuses first, while the job can run on.
 
-    __slots__ = ("left", "drew")
+    ``taken``: items a restore's replay took already (and checked, `_skip`); the watch goes on
+    from there, so a checkpoint after a restore refuses what the next restore would."""
 
-    def __init__(self, it: Iterator[Any]) -> None:
-        super().__init__(it)
-        self.left = 4  # the first item may draw: a replay starts from the loop-start RNG
+    __slots__ = ("left", "drew", "first")
+
+    def __init__(self, it: Iterator[Any], value: int = 0, taken: int = 0) -> None:
+        super().__init__(it, value)
+        self.left = max(0, 4 - taken)  # the first item may draw: a replay starts from the loop-start RNG
+        self.first = taken == 0
         self.drew = False
 
     def __next__(self) -> Any:
@@ -325,13 +329,46 @@ class WatchedDigesting(item_digest.Digesting):
             self.value = item_digest.fold(self.value, item)
             return item
         self.left -= 1
-        if self.left == 3:
+        if self.first:
+            self.first = False
             return super().__next__()
         before = rng.capture(full=True)
         item = super().__next__()
         if not rng.equal(before, rng.capture(full=True)):
             self.drew, self.left = True, 0
         return item
+
+
+def refuse_drawn(digest: Any, text: str, type_name: str, line: int, loader: bool) -> None:
+    """A replay of a leaf whose items drew (``digest.drew``) would be refused at restore (`_skip`):
+    refuse the checkpoint now, while the job can run on."""
+    if isinstance(digest, WatchedDigesting) and digest.drew:
+        advice = _LOADER_ADVICE if loader else _DRAW_UP_FRONT
+        raise CheckpointFailure(
+            f"the loop at line {line} iterates over `{text}`, whose items drew random numbers after the "
+            f"first: a restore re-creates it and skips the items taken, and those draws, interleaved "
+            f"with the loop body's, could not be reproduced. {advice}, or let the checkpoint come at "
+            f"another loop.", [[text, type_name]])
+
+
+def refuse_drawn_after_restore(desc: dict, digests: dict[int, item_digest.Digesting],
+                               leaf_texts: Sequence[str], line: int) -> None:
+    """`refuse_drawn` for a loop a restore re-created: its description is the checkpoint's, and
+    the leaves it replays are watched from where the replay left them (`rebuild`)."""
+    def walk(state: dict) -> None:
+        for child in state.get("children", ()):
+            walk(child)
+        index = state.get("index")
+        if "children" not in state and index in digests:
+            text = leaf_texts[index] if index < len(leaf_texts) else "?"
+            value = state.get("loader", state.get("iterable", state.get("iterator")))
+            loader = state["how"] in ("dataloader", "pickled")
+            if loader and getattr(value, "num_workers", getattr(value, "_num_workers", 0)):
+                return  # its workers' draws are replayed exactly (`advance_loader_iterator`)
+            refuse_drawn(digests[index], text, type(value).__name__, line, loader)
+
+    if desc and "tree" in desc:
+        walk(desc["tree"])
 
 
 def _may_be_replayed(leaf: Leaf) -> bool:
@@ -366,14 +403,8 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
 
     Raises `CheckpointFailure` for an iterator with hidden state that cannot be re-created.
     """
-    def refuse_draws(leaf: Leaf, text: str, advice: str) -> None:
-        """A replay of ``leaf`` would be refused at restore (`_skip`): refuse now, the job runs on."""
-        if isinstance(leaf.digest, WatchedDigesting) and leaf.digest.drew:
-            raise CheckpointFailure(
-                f"the loop at line {line} iterates over `{text}`, whose items drew random numbers after the "
-                f"first: a restore re-creates it and skips the items taken, and those draws, interleaved "
-                f"with the loop body's, could not be reproduced. {advice}, or let the checkpoint come at "
-                f"another loop.", [[text, type(leaf.value).__name__]])
+    def refuse_draws(leaf: Leaf, text: str, loader: bool) -> None:
+        refuse_drawn(leaf.digest, text, type(leaf.value).__name__, line, loader)
 
     def leaf_state(leaf: Leaf) -> dict:
         text = leaf_texts[leaf.index] if leaf.index < len(leaf_texts) else "?"
@@ -386,14 +417,14 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
                     f"starts new workers, so randomness drawn inside the workers after the loader's first "
                     f"epoch will differ from an uninterrupted run", RuntimeWarning, stacklevel=2)
             if leaf.mode == "replay" and leaf.value.num_workers == 0:
-                refuse_draws(leaf, text, _LOADER_ADVICE)
+                refuse_draws(leaf, text, loader=True)
             if LOADER_ORIGIN in getattr(leaf.iterator, "__dict__", {}):
                 # the live iterator knows the RNG of its creation and of its first batch, which
                 # `zip(loader_a, loader_b)` interleaves: it pickles itself (training_state.py)
                 return {"how": "pickled", "index": leaf.index, "iterator": leaf.iterator}
             return {"how": "dataloader", "index": leaf.index, "loader": leaf.value, "mode": leaf.mode}
         if leaf.kind == "iterable":
-            refuse_draws(leaf, text, _DRAW_UP_FRONT)
+            refuse_draws(leaf, text, loader=False)
             return {"how": "iterable", "index": leaf.index, "iterable": leaf.value}
         reevaluated = leaf.index < len(reevaluable) and reevaluable[leaf.index]
         if reevaluated and isinstance(leaf.value, io.IOBase):
@@ -407,7 +438,7 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
         if error is None:
             return {"how": "pickled", "index": leaf.index, "iterator": leaf.value}
         if reevaluated:
-            refuse_draws(leaf, text, _DRAW_UP_FRONT)
+            refuse_draws(leaf, text, loader=False)
             return {"how": "expr", "index": leaf.index, "start": leaf.start}
         reason = why_not[leaf.index] if leaf.index < len(why_not) else ""
         raise CheckpointFailure(
@@ -568,14 +599,15 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
         replayed = getattr(it, "__dict__", {}).pop(_REPLAYED, None)
         if replayed is not None and replayed != state["items"]:
             differing.append(text_of(state))
-        tracked = item_digest.Digesting(it, state["items"])
+        tracked = WatchedDigesting(it, state["items"], taken=k)
         if digests is not None:
             digests[state["index"]] = tracked
         return tracked
 
     def replay(state: dict, it: Iterator[Any], fresh: Any = None) -> Iterator[Any]:
-        tracked = item_digest.Digesting(it)
         taken = state.get("extra", 0)  # by next() in the body, besides the loop's own k
+        tracked = WatchedDigesting(it)
+        tracked.left = 0  # the replay checks its own draws (`_skip`); the watch resumes after it
         if extra is not None and taken:
             extra[state["index"]] = taken
         # what the expression made afresh (an object whose __iter__ advances it) may change
@@ -591,6 +623,7 @@ def rebuild(desc: dict, k: int, makers: Sequence[Optional[Callable[[], Any]]],
                 f"or restart the job from the beginning.")
         if "items" in state and tracked.value != state["items"]:
             differing.append(text_of(state))
+        tracked.left, tracked.first = max(0, 4 - (k + taken)), k + taken == 0
         if digests is not None:
             digests[state["index"]] = tracked
         return tracked

@@ -451,6 +451,11 @@ def _records(rt: RuntimeView, entries: list, boundary: Optional[int], last: int,
                 except CheckpointFailure as e:
                     failures.append(e)
                     desc = {}
+            else:
+                try:
+                    iterators.refuse_drawn_after_restore(desc, frame.digests, [x.text for x in info.leaves], info.line)
+                except CheckpointFailure as e:
+                    failures.append(e)
             desc = iterators.with_item_digests(desc, frame.digests, frame.extra)
             rec = {"node": frame.node, "kind": "for", "line": info.line, "fetched": frame.fetched, "source": desc}
             if inside:
