@@ -144,3 +144,44 @@ def test_an_optimizers_state_made_after_a_restore_saves_with_the_same_bytes(laun
     out, _ = run_chain(launcher, [str(folders["chain"] / "late.py")], stops, tmp_path / "ck")
     assert out == base.stdout
     assert (folders["chain"] / "opt.pt").read_bytes() == (folders["base"] / "opt.pt").read_bytes()
+
+
+OWN_RESUME = """
+import os, sys, torch
+HERE = os.path.dirname(os.path.abspath(__file__))
+CKPT = os.path.join(HERE, "own.pt")
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 2)
+opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+start = 0
+if os.path.exists(CKPT):  # the script's own resume: its keys are torch.load's strings
+    ck = torch.load(CKPT)
+    model.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["opt"])
+    start = ck["step"] + 1
+for step in range(start, start + 8):
+    loss = model(torch.randn(5, 3)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(step, loss.item().hex())
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, CKPT)
+"""
+
+
+def test_a_jobs_own_checkpoint_after_its_own_resume_saves_with_the_same_bytes(launcher, tmp_path):
+    """After ``opt.load_state_dict(torch.load(...))`` the optimizer's keys are torch.load's
+    strings, not torch's constants; a restore that made them the constants had the next
+    ``torch.save`` refer back to ``"step"`` where the uninterrupted run wrote it again."""
+    folders = {}
+    for name in ("base", "chain"):
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        (folders[name] / "own.py").write_text(textwrap.dedent(OWN_RESUME))
+        first = launcher.run([str(folders[name] / "own.py"), "--checkpoint-dir", str(tmp_path / f"first-{name}")])
+        assert first.rc == 0, first.describe()  # the job's first run, which wrote its own.pt
+    base, trace = trace_of(launcher, [str(folders["base"] / "own.py")], tmp_path)
+    stops = [t["step"] for t in trace if t["kind"] == "loop"][2:4]
+    out, _ = run_chain(launcher, [str(folders["chain"] / "own.py")], stops, tmp_path / "ck")
+    assert out == base.stdout
+    assert (folders["chain"] / "own.pt").read_bytes() == (folders["base"] / "own.pt").read_bytes()

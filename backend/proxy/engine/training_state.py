@@ -188,31 +188,52 @@ def _reduce_optimizer(opt: Any) -> tuple:
     wrapped = getattr(state.get("step"), "_wrapped_by_lr_sched", False)
     if wrapped:  # an LR scheduler's counting wrapper (holds a weakref): re-made on load
         del state["step"]
-    return copyreg.__newobj__, (type(opt),), (state, wrapped), None, None, _set_optimizer
+    return copyreg.__newobj__, (type(opt),), (state, wrapped, _keys_not_interned(_key_dicts(opt))), \
+        None, None, _set_optimizer
 
 
 def _set_optimizer(opt: Any, saved: tuple) -> None:
-    state, wrapped = saved
+    state, wrapped, *rest = saved
     opt.__setstate__(state)  # the class's own hook: re-registers hooks, patches step profiling
-    _intern_keys([opt.defaults, *opt.param_groups, *opt.state.values()])
+    _intern_keys(_key_dicts(opt), rest[0] if rest else {})
     if wrapped:
         _wrap_step_like_lr_scheduler(opt)
 
 
-def _intern_keys(dicts: list[Any]) -> None:
-    """Make the identifier-like string keys of ``dicts`` the interned strings, in place.
+def _key_dicts(opt: Any) -> list[Any]:
+    return [opt.defaults, *opt.param_groups, *opt.state.values()]
+
+
+def _keys_not_interned(dicts: list[Any]) -> dict[int, tuple[str, ...]]:
+    """{position in ``dicts``: its identifier-like string keys that are not the interned strings}:
+    keys a ``torch.load`` of the job's own checkpoint made, which must stay such after a restore."""
+    out = {}
+    for i, d in enumerate(dicts):
+        if isinstance(d, dict):
+            keys = tuple(k for k in d if type(k) is str and sys.intern(k) is not k)
+            if keys:
+                out[i] = keys
+    return out
+
+
+def _intern_keys(dicts: list[Any], not_interned: dict[int, tuple[str, ...]]) -> None:
+    """Make the identifier-like string keys of ``dicts`` the interned strings, in place, but for
+    those ``not_interned`` lists (by position), which were other objects at the checkpoint.
 
     An optimizer keys its state with constants of its code (``"exp_avg"``, ``"lr"``), which are
     the interned strings; unpickled keys are other objects. A parameter whose state is made after
     a restore then gets the code's key while the others keep theirs, and ``torch.save(
     opt.state_dict())`` writes the key twice where the uninterrupted run referred back to it.
+    Keys the job's own ``torch.load`` made are not the code's: interned, a later ``torch.save``
+    would refer back to them where the uninterrupted run wrote them again.
     """
-    for d in dicts:
+    for i, d in enumerate(dicts):
         if not isinstance(d, dict) or all(type(k) is not str or sys.intern(k) is k for k in d):
             continue
+        keep = not_interned.get(i, ())
         items = list(d.items())
         d.clear()
-        d.update((sys.intern(k) if type(k) is str and canonical_strings.identifier_like(k) else k, v)
+        d.update((sys.intern(k) if type(k) is str and k not in keep and canonical_strings.identifier_like(k) else k, v)
                  for k, v in items)
 
 
