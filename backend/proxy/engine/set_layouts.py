@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import sys
+import sysconfig
 from array import array
 from itertools import compress
 from operator import itemgetter
@@ -78,6 +79,13 @@ def _dummy_address() -> Optional[int]:
         for i in range(0, 40, 3):
             probe.discard(f"k{i}")
         so = _struct(probe)
+        # the fields read without following a pointer first: another layout (a debug or
+        # free-threaded build) must fail here, not dereference a misread table pointer
+        if sys.implementation.name != "cpython" or sysconfig.get_config_var("Py_GIL_DISABLED") \
+                or set.__basicsize__ != ctypes.sizeof(_SetObject) + ctypes.sizeof(ctypes.c_void_p) \
+                or so.used != len(probe) or sys.getsizeof(probe) - sys.getsizeof(set()) != \
+                (so.mask + 1) * ctypes.sizeof(_Entry) or so.mask & (so.mask + 1):
+            raise LookupError("not the set layout this module knows")
         words = _table_words(so)
         markers = {words[i] for i in range(0, len(words), 2) if words[i + 1] == -1}
         live = [words[i] for i in range(0, len(words), 2) if words[i] and words[i + 1] != -1]
