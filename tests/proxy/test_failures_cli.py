@@ -318,3 +318,29 @@ def test_a_stop_asked_for_inside_recursion_is_answered_when_the_program_ends(lau
     assert run.rc == 0, run.describe()
     failed = [d["error"] for _, d in run.events("checkpoint_failed")]
     assert len(failed) == 1 and "ended before a safe point" in failed[0], run.describe()
+
+
+ASYNC_LOOP = """
+import asyncio, time
+
+async def main():
+    total = 0
+    for step in range(30):
+        await asyncio.sleep(0)
+        total += step
+        time.sleep(0.03)
+    return total
+
+print(asyncio.run(main()))
+"""
+
+
+def test_a_request_a_loop_in_an_async_function_never_reached_says_so(launcher, tmp_path):
+    """The answer used to speak of recursive calls only; it now names the loop and why its
+    function has no safe point."""
+    script = tmp_path / "fetch.py"
+    script.write_text(ASYNC_LOOP)
+    run = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / "ck"), "--stop-after-seconds", "0.3"])
+    assert run.rc == 0 and run.stdout == "435\n", run.describe()
+    [failed] = [d["error"] for _, d in run.events("checkpoint_failed")]
+    assert "the loops at line(s) 6 (in main: async functions run unchanged) have none" in failed, failed

@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable, Optional
 
 from backend.contract import ENV_WRITE_IN_LINE
-from . import background
+from . import background, interruptible
 from .checkpoint_request import CheckpointRequest, Then, merge
 from .ports import RuntimeView
 from ..checkpoint.store import CheckpointStore
@@ -246,8 +246,7 @@ class Controller:
         with self._lock:
             request, deferred = self._pending, self._deferred_why
         if request is not None and (deferred or request.reason != "periodic"):  # say why it ended untaken
-            why = deferred or ("none came: safe points are at the top of the loops the engine instruments "
-                               "(see the job's 'interruptible' event), not in recursive calls")
+            why = deferred or self._why_none_came()
             self.emit("checkpoint_failed", {
                 "error": f"the program ended before a safe point fit for a checkpoint ({why})",
                 "variables": [], "then": request.then, "reason": request.reason, "stage": "safe point"})
@@ -258,6 +257,19 @@ class Controller:
         if self._runtime is not None:
             self.last_step = self._runtime.step
         self._runtime = None
+
+    def _why_none_came(self) -> str:
+        """Where the loops that ran without a safe point are, and why (``async def``)."""
+        why = ("none came: safe points are at the top of the loops the engine instruments (see the job's "
+               "'interruptible' event), not in recursive calls")
+        rt = self._runtime
+        try:
+            missed = interruptible.report(rt.program)["not_safe_points"] if rt is not None else []
+        except Exception:  # the answer is a courtesy: never fail the program's end over it
+            missed = []
+        if missed:
+            why += f"; the loops at line(s) {interruptible.describe_missed(missed)} have none"
+        return why
 
     def _tick_loop(self) -> None:
         """Raise the flag once a second for progress and when a periodic checkpoint is due."""

@@ -12,7 +12,7 @@ import ast
 import linecache
 from typing import Any, Optional
 
-from . import libraries
+from . import analysis, libraries
 
 #: at most this many locations are listed in the event (the count is always given)
 MAX_LISTED = 20
@@ -30,23 +30,36 @@ def _source_tree(program: Any) -> Optional[ast.AST]:
     return ast.Module(body=[s.node for s in statements], type_ignores=[])
 
 
-def _loops(tree: ast.AST) -> list[tuple[int, str, Optional[str]]]:
-    """Every ``for``/``while`` of the code: (line, kind, name of the innermost enclosing def)."""
-    out: list[tuple[int, str, Optional[str]]] = []
+def _loops(tree: ast.AST) -> list[tuple[int, str, Optional[str], str]]:
+    """Every ``for``/``while`` of the code: (line, kind, name of the innermost enclosing def, why
+    that def runs unchanged or '')."""
+    out: list[tuple[int, str, Optional[str], str]] = []
 
-    def walk(node: ast.AST, scope: Optional[str]) -> None:
+    def walk(node: ast.AST, scope: Optional[str], why: str) -> None:
         for child in ast.iter_child_nodes(node):
-            inner = scope
+            inner, inner_why = scope, why
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 inner = child.name if scope is None else f"{scope}.{child.name}"
+                inner_why = analysis.not_rewritable(child)
             elif isinstance(child, ast.ClassDef):
                 inner = child.name if scope is None else f"{scope}.{child.name}"
             elif isinstance(child, (ast.For, ast.While, ast.AsyncFor)):
-                out.append((child.lineno, "while" if isinstance(child, ast.While) else "for", scope))
-            walk(child, inner)
+                out.append((child.lineno, "while" if isinstance(child, ast.While) else "for", scope, why))
+            walk(child, inner, inner_why)
 
-    walk(tree, None)
+    walk(tree, None, "")
     return out
+
+
+def describe_missed(missed: list[dict[str, Any]]) -> str:
+    """``10 (in main: async functions run unchanged), 14 (in fit)``: where loops without a safe
+    point are, and why their function runs unchanged where the rewrite says so."""
+    def one(m: dict[str, Any]) -> str:
+        if not m["function"]:
+            return str(m["line"])
+        return f"{m['line']} (in {m['function']}" + (f": {m['why']})" if m.get("why") else ")")
+
+    return ", ".join(one(m) for m in missed[:MAX_LISTED])
 
 
 def _top_level_calls(tree: ast.AST, names: set[str]) -> dict[str, list[int]]:
@@ -70,12 +83,12 @@ def report(program: Any) -> dict[str, Any]:
     instrumented = {(n.line, n.kind) for n in nodes if n.kind in ("for", "while")}
     boundaries = sum(1 for n in nodes if n.kind == "boundary")
     tree = _source_tree(program)
-    loops = _loops(tree) if tree is not None else [(line, kind, None) for line, kind in sorted(instrumented)]
-    scope_of = {(line, kind): scope for line, kind, scope in loops}
+    loops = _loops(tree) if tree is not None else [(line, kind, None, "") for line, kind in sorted(instrumented)]
+    scope_of = {(line, kind): scope for line, kind, scope, _ in loops}
     safe = [{"line": n.line, "kind": n.kind,
              "function": getattr(n, "function", None) or scope_of.get((n.line, n.kind))}
             for n in sorted(nodes, key=lambda n: n.line) if n.kind in ("for", "while")]
-    missed = [{"line": line, "kind": kind, "function": scope} for line, kind, scope in loops
+    missed = [{"line": line, "kind": kind, "function": scope, "why": why} for line, kind, scope, why in loops
               if (line, kind) not in instrumented]
     name = program.filename
     out: dict[str, Any] = {"interruptible": bool(safe), "safe_points": safe[:MAX_LISTED], "loops": len(safe),
@@ -88,8 +101,7 @@ def report(program: Any) -> dict[str, Any]:
     elif missed:
         funcs = {m["function"].split(".")[0] for m in missed if m["function"]}
         callers = _top_level_calls(tree, funcs) if tree is not None else {}
-        where = ", ".join(f"{m['line']}" + (f" (in {m['function']})" if m["function"] else "")
-                          for m in missed[:MAX_LISTED])
+        where = describe_missed(missed)
         called = sorted({line for lines in callers.values() for line in lines})
         out["called_from"] = {k: v for k, v in sorted(callers.items())}
         out["message"] = (f"no safe point: the loops at {name} line(s) {where} run inside functions"
