@@ -365,7 +365,8 @@ def refuse_drawn_after_restore(desc: dict, digests: dict[int, item_digest.Digest
             loader = state["how"] in ("dataloader", "pickled")
             if loader and getattr(value, "num_workers", getattr(value, "_num_workers", 0)):
                 return  # its workers' draws are replayed exactly (`advance_loader_iterator`)
-            refuse_drawn(digests[index], text, type(value).__name__, line, loader)
+            kind = type(value).__name__ if value is not None else "iterator"  # an `expr` leaf is made again
+            refuse_drawn(digests[index], text, kind, line, loader)
 
     if desc and "tree" in desc:
         walk(desc["tree"])

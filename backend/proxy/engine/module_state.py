@@ -5,10 +5,10 @@ Scripts keep settings and counters in modules beside them: ``import config`` the
 module-level ``calls``. A restore imports those modules afresh, so their globals would be back at
 their import-time values: a silent difference. So a checkpoint records, for each module the program
 imported from the job's folder (any depth, also through a ``sys.path`` entry such as ``src/``; not
-``site-packages``, hidden folders or the service's own packages) or found by its name on ``sys.path``
-outside every library folder (a shared utilities checkout, a source tree on ``PYTHONPATH``), its data globals, in the same
-pickle graph as the program's variables (objects they share stay shared), and the restore sets
-them again after the load.
+``site-packages``, hidden folders or the service's own packages) or found by its name on
+``sys.path`` outside every library folder (a shared utilities checkout, a source tree on
+``PYTHONPATH``), its data globals, in the same pickle graph as the program's variables (objects
+they share stay shared), and the restore sets them again after the load.
 
 Not recorded: names starting with ``__`` (but ``__warningregistry__``, where a module's
 ``warnings.warn`` calls remember what they have shown once: see `_current_warnings_version`), modules, and the functions and classes the module
