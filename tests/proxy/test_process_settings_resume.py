@@ -12,7 +12,9 @@ import textwrap
 from harness import pick_stops, run_chain, trace_of
 
 SETTINGS = """
-import logging, os, signal, stat, time, warnings
+import gc, logging, os, signal, stat, time, warnings
+gc.disable()
+gc.set_threshold(1000, 20, 20)
 here = os.path.dirname(os.path.abspath(__file__))
 logging.basicConfig(filename=os.path.join(here, "train.log"), filemode="w", level=logging.INFO,
                     format="%(levelname)s %(message)s")
@@ -37,7 +39,8 @@ for step in range(12):
         f.write(time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(1_700_000_000 + 3600 * step)) + "\\n")
     logging.info("step %d", step)
     print("step", step, oct(stat.S_IMODE(os.stat(path).st_mode)),
-          time.strftime("%H:%M %Z", time.localtime(1_700_000_000)), got, flush=True)
+          time.strftime("%H:%M %Z", time.localtime(1_700_000_000)), got, gc.isenabled(), gc.get_threshold(),
+          flush=True)
 """
 
 

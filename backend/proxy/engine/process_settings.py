@@ -11,7 +11,7 @@ the program continues:
   precision flags, anomaly detection, flushing denormals (the deterministic settings are the
   fingerprint's; grad mode is scoped_modes.py's);
 * numpy: print options and floating-point error handling;
-* ``warnings`` filters, the recursion limit;
+* ``warnings`` filters, the recursion limit, the garbage collector's switch and thresholds;
 * ``logging.captureWarnings(True)``: warnings go to the ``py.warnings`` logger (and its log
   file), not to stderr;
 * the umask (``os.umask(0o077)`` to keep a run's outputs private): files made after the restore
@@ -41,6 +41,7 @@ the new process's handler.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import os
 import signal
@@ -88,7 +89,7 @@ def capture(probe: Callable[[Any], Optional[str]], redirected: Optional[dict[str
         begin()
     return {"recursion_limit": sys.getrecursionlimit(), "logging": _logging(probe),
             "streams": _streams(redirected or {}), "umask": _umask(), "zone": _changed_zone(),
-            "signals": _signal_handlers(probe), **snapshot()}
+            "signals": _signal_handlers(probe), "gc": (gc.isenabled(), gc.get_threshold()), **snapshot()}
 
 
 # --------------------------------------------------------------------------- switched by with statements
@@ -162,6 +163,10 @@ def apply(saved: Optional[dict[str, Any]]) -> None:
         return
     begin()  # what this process had before: the job's loggers put back below differ from it
     sys.setrecursionlimit(max(saved["recursion_limit"], 100))
+    if saved.get("gc") is not None:  # gc.disable() for speed, gc.set_threshold(...): the job's own
+        enabled, threshold = saved["gc"]
+        gc.set_threshold(*threshold)
+        (gc.enable if enabled else gc.disable)()
     apply_switchable(saved)
     _apply_logging(saved["logging"])
     for name, stream in saved.get("streams", {}).items():
