@@ -44,6 +44,38 @@ def test_a_written_file_is_put_back_as_it_was_at_the_checkpoint(job_folder, mode
     assert (job_folder / "log.txt").read_bytes() == b"one\ntwo\nthree\n"
 
 
+@pytest.mark.parametrize("newline", [None, "", "\n", "\r", "\r\n"])
+def test_a_text_file_comes_back_with_the_newline_it_was_opened_with(job_folder, newline):
+    """``newline=""`` is how a CSV file is opened; reopened with the default it would translate."""
+    import csv
+
+    log = open("log.csv", "w", newline=newline, buffering=1)
+    csv.writer(log).writerow(["step", "loss"])
+    log.write("note\n")
+    saved = dumps(log)
+    log.close()
+    again = pickle.loads(saved)
+    assert again.line_buffering
+    csv.writer(again).writerow([1, 0.5])
+    again.write("end\n")
+    again.close()
+    expected = open("expected.csv", "w", newline=newline)
+    csv.writer(expected).writerow(["step", "loss"]), expected.write("note\n")
+    csv.writer(expected).writerow([1, 0.5]), expected.write("end\n")
+    expected.close()
+    assert (job_folder / "log.csv").read_bytes() == (job_folder / "expected.csv").read_bytes()
+
+
+def test_a_read_file_keeps_its_newline_translation(job_folder):
+    (job_folder / "data.txt").write_bytes(b"a\r\nb\r\nc\r\n")
+    f = open("data.txt", newline="")
+    assert f.readline() == "a\r\n"
+    again = pickle.loads(dumps(f))
+    f.close()
+    assert again.readline() == "b\r\n"
+    again.close()
+
+
 def test_a_file_held_at_another_path_resolves_in_the_new_job_folder(job_folder, tmp_path_factory, monkeypatch):
     (job_folder / "runs").mkdir()
     log = open("runs/log.txt", "w")

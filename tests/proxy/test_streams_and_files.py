@@ -2,7 +2,9 @@
 restore before): ``with open(log, "w") as f, redirect_stdout(f):`` around training (the file was
 saved as the console, the log came back empty and the last print failed); ``gzip.open`` in a
 ``with`` (re-opened at restore, truncating what the loop wrote: now refused, naming it); a
-``csv.writer`` left in a variable over a file closed before the checkpoint (the restore failed)."""
+``csv.writer`` left in a variable over a file closed before the checkpoint (the restore failed); a
+file written with ``newline="\\r\\n"`` and one read with ``newline=""`` (re-opened with the default
+newline: the rest of the file got ``\\n`` line ends, the reader lost its ``\\r``)."""
 from __future__ import annotations
 
 import gzip
@@ -35,6 +37,18 @@ with gzip.open(os.path.join(here, "log.jsonl.gz"), "wt") as log:
         print("step", step)
 for k in range(3):
     print("eval", k)
+"""
+
+NEWLINES = """
+import os
+here = os.path.dirname(__file__)
+report = open(os.path.join(here, "report.txt"), "w", newline="\\r\\n")
+rows = open(os.path.join(here, "rows.txt"), newline="")
+for step in range(8):
+    line = rows.readline()
+    report.write(f"{step} {line!r}\\n")
+    print(step, repr(line))
+report.close()
 """
 
 
@@ -70,3 +84,15 @@ def test_a_gzip_stream_in_a_with_is_refused_and_a_csv_writer_over_a_closed_file_
     assert stopped.rc == EXIT_PREEMPTED, stopped.describe()
     resumed = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "ck2"), "--restore"])
     assert resumed.rc == 0 and stopped.stdout + resumed.stdout == base.stdout, resumed.describe()
+
+
+def test_text_files_keep_their_newline_through_a_chain_of_stops(launcher, tmp_path):
+    target = _script(tmp_path, "newlines.py", NEWLINES)
+    (tmp_path / "rows.txt").write_bytes(b"".join(b"row %d\r\n" % i for i in range(8)))
+    base, trace = trace_of(launcher, target, tmp_path)
+    report = (tmp_path / "report.txt").read_bytes()
+    assert report.count(b"\r\n") == 8 and "'row 7\\r\\n'" in base.stdout, base.describe()
+    (tmp_path / "report.txt").unlink()
+    stops = [t["step"] for t in trace if t["kind"] == "loop"][2::3]
+    out, _ = run_chain(launcher, target, stops, tmp_path / "ck")
+    assert out == base.stdout and (tmp_path / "report.txt").read_bytes() == report

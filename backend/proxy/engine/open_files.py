@@ -27,7 +27,7 @@ import weakref
 from dataclasses import dataclass
 from typing import IO, Any, Optional
 
-from . import context
+from . import context, text_newline
 
 #: above this, a written file's bytes are not copied into every checkpoint: the save is refused
 MAX_CONTENT_BYTES = 256 << 20
@@ -53,6 +53,8 @@ class FileState:
     encoding: Optional[str] = None  # text files only
     errors: Optional[str] = None
     raw: bool = False  # opened unbuffered (``buffering=0``)
+    newline: Optional[str] = None  # text files: the ``newline`` argument (``""`` for a CSV file)
+    line_buffering: bool = False  # text files opened with ``buffering=1``
 
     @property
     def absolute(self) -> str:
@@ -87,7 +89,8 @@ def capture(f: Any, content: bool = True) -> FileState:
         kind = os.fstat(fd).st_mode
         if stat.S_ISCHR(kind):  # /dev/null, a terminal's device: opened again by name, nowhere to seek
             return FileState(str(getattr(f, "name", "")), False, str(getattr(f, "mode", "w")), -1, None,
-                             getattr(f, "encoding", None), getattr(f, "errors", None), isinstance(f, io.FileIO))
+                             getattr(f, "encoding", None), getattr(f, "errors", None), isinstance(f, io.FileIO),
+                             *_text_options(f))
         if not stat.S_ISREG(kind):
             raise FileNotCarried(f"{name!r} is not a regular file (a pipe, socket or terminal); open it in a "
                                  f"statement inside the loop, or close it before the loop")
@@ -115,7 +118,20 @@ def capture(f: Any, content: bool = True) -> FileState:
     rel, relative = context.relative_path(path)
     text = isinstance(f, io.TextIOWrapper)
     return FileState(rel, relative, str(getattr(f, "mode", "rb")), position, data,
-                     f.encoding if text else None, f.errors if text else None, isinstance(f, io.FileIO))
+                     f.encoding if text else None, f.errors if text else None, isinstance(f, io.FileIO),
+                     *_text_options(f))
+
+
+def _text_options(f: Any) -> tuple[Optional[str], bool]:
+    """A text file's ``newline`` and line buffering, which a re-open must give it again."""
+    if not isinstance(f, io.TextIOWrapper):
+        return None, False
+    try:
+        newline = text_newline.newline_of(f)
+    except text_newline.NewlineUnknown as exc:
+        raise FileNotCarried(f"the newline {getattr(f, 'name', '?')!r} was opened with cannot be read here ({exc}); "
+                             f"open it in binary mode, or in a with statement inside the loop") from exc
+    return newline, bool(f.line_buffering)
 
 
 def take_over(fresh: Any, handle: Any, where: str) -> Any:
@@ -167,7 +183,8 @@ def reopen(state: FileState) -> IO:
     if "b" in mode:
         f = open(path, mode, buffering=0 if state.raw else -1)
     else:
-        f = open(path, mode, encoding=state.encoding, errors=state.errors)
+        f = open(path, mode, buffering=1 if state.line_buffering else -1, encoding=state.encoding,
+                 errors=state.errors, newline=state.newline)
     if "a" not in mode and state.position >= 0:
         f.seek(state.position)
     _reopened[f] = state
