@@ -221,3 +221,36 @@ def test_a_coroutine_driven_with_send_gets_advice_for_coroutines():
     avg.send(1.0)
     advice = handles.explain("avg", avg, probe)
     assert "coroutine from averager()" in advice and "send(" in advice and "iter(loader)" not in advice
+
+
+THREAD_LOCAL = """
+import threading
+
+tls = threading.local()  # a per-thread cache, as libraries keep a seed or a buffer pool
+tls.seen = []
+
+class Counter(threading.local):
+    def __init__(self):
+        self.calls = 0
+
+def main():
+    counter = Counter()
+    for step in range(9):
+        counter.calls += step
+        tls.seen.append(step * step)
+        print(step, counter.calls, sum(tls.seen), flush=True)
+
+main()
+"""
+
+
+def test_a_thread_local_keeps_what_the_job_thread_put_in_it(launcher, tmp_path):
+    """Re-running ``tls = threading.local()`` made it empty: the cache started over (or the next
+    access raised AttributeError)."""
+    script = tmp_path / "tls.py"
+    script.write_text(THREAD_LOCAL)
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    assert base.rc == 0 and "8 36 204" in base.stdout, base.describe()
+    stops = pick_stops(trace, 4, extra=2)
+    out, runs = run_chain(launcher, [str(script)], stops, tmp_path / "ck")
+    assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"

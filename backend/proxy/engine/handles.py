@@ -11,7 +11,8 @@ of the job at all, so a restore may make them anew and stay exact:
 * a ``csv.writer`` (and so a ``csv.DictWriter``) made while the program runs is one of ours
   (`install`), saved as its file and dialect and made again over the re-opened file;
 * a lock no thread holds is saved as a new lock, an ``Event`` as a new one in the same state,
-  wherever they are (an attribute of a trainer, a local of ``main()``);
+  wherever they are (an attribute of a trainer, a local of ``main()``); a ``threading.local``
+  with the attributes the job's thread gave it;
 * locks, events, conditions, thread pools and loggers (modules in `PROGRESS_FREE_MODULES`) may
   be re-created by re-running the one statement that made them (state.py checks the statement).
 
@@ -105,6 +106,8 @@ def reduce(obj: Any) -> Any:
         return (_new_lock if cls is _LOCK else _new_rlock), ()  # a free lock has no other state
     if cls is threading.Event:
         return _event, (obj.is_set(),)
+    if isinstance(obj, threading.local):
+        return _new_local, (cls,), dict(obj.__dict__)
     if cls.__name__ == "SummaryWriter" and cls.__module__.startswith("torch.utils.tensorboard"):
         obj.flush()  # what was logged up to the checkpoint is on disk before it counts
         return _reopen_summary_writer, (cls, obj.log_dir, obj.max_queue, obj.flush_secs, obj.filename_suffix)
@@ -165,6 +168,15 @@ def _event(is_set: bool) -> threading.Event:
     if is_set:
         event.set()
     return event
+
+
+def _new_local(cls: type) -> threading.local:
+    """A ``threading.local`` (or subclass) made anew; the pickle then sets the attributes the
+    checkpointing thread (the job's) saw. Re-running ``tls = threading.local()`` made it empty, so
+    a cache or counter kept in it silently started over. Threads do not survive a restore, so
+    what other threads kept in it is not saved. A subclass's ``__init__`` arguments are not
+    kept (Python does not show them): another thread touching it first calls ``__init__()``."""
+    return cls.__new__(cls)
 
 
 def _reopen_summary_writer(cls: type, log_dir: str, max_queue: int, flush_secs: int, suffix: str) -> Any:
