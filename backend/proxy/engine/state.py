@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import cloudpickle
 
 from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
-               exit_handlers, handles, held_managers, imported_submodules, iterators, lazy, libraries,
+               exit_handlers, getattr_classes, handles, held_managers, imported_submodules, iterators, lazy, libraries,
                library_patches, module_state, open_files, ownership, process_settings, rng, scoped_modes, set_layouts,
                training_state)
 from ..checkpoint import digest, fingerprint, reading
@@ -276,6 +276,8 @@ class ProxyPickler(cloudpickle.Pickler):
             reduced = handles.reduce(obj)  # a TensorBoard writer: re-opened on restore
         if reduced is NotImplemented:
             reduced = libraries.reduce(obj)  # weak references, shared-state singletons (accelerate)
+        if reduced is NotImplemented:
+            reduced = getattr_classes.reduce(obj, t, self.proto)  # wrappers with a __getattr__
         if reduced is not NotImplemented:
             return reduced
         return super().reducer_override(obj)
