@@ -47,6 +47,7 @@ import tempfile
 import time
 import types
 import warnings
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -169,6 +170,15 @@ def _code_named(args: tuple, filename: str) -> types.CodeType:
     return types.CodeType(*args).replace(co_filename=filename)
 
 
+#: classes `_make_class_answering_to` made: the program's own, whose hooks ran when it defined them
+_MADE_BY_VALUE: "weakref.WeakSet[type]" = weakref.WeakSet()
+
+
+def _own_bases(bases: tuple) -> list[type]:
+    """The classes among ``bases`` and their ancestors that a restore made from the program's code."""
+    return list({c: None for b in bases for c in b.__mro__ if c in _MADE_BY_VALUE})
+
+
 def _make_class_answering_to(tracker_id: Optional[str], *args: Any) -> type:
     """A class the program's namespace defines, made anew, then registered under the
     cloudpickle tracker id it had.
@@ -177,8 +187,22 @@ def _make_class_answering_to(tracker_id: Optional[str], *args: Any) -> type:
     methods that still see the old namespace. Registered: a class a notebook sent with the cell
     (by value, with the notebook's tracker id) must keep that id after a restore, or the cell's
     variables pulled back would hold instances of a new class: ``isinstance(model, Net)`` false
-    in the notebook."""
-    cls = _make_skeleton_class(*args)
+    in the notebook.
+
+    The bases' ``__init_subclass__`` hooks do not run: the class was made, and its hooks ran,
+    when the program defined it; their effects (a registry, a count) are in the checkpoint, and
+    running them again while the namespace is still loading raised ``NameError`` on the base's
+    own name, or counted the class twice."""
+    hooks = [(base, base.__dict__["__init_subclass__"]) for base in _own_bases(args[2])
+             if "__init_subclass__" in base.__dict__]
+    for base, _hook in hooks:
+        type.__delattr__(base, "__init_subclass__")
+    try:
+        cls = _make_skeleton_class(*args)
+    finally:
+        for base, hook in hooks:
+            type.__setattr__(base, "__init_subclass__", hook)
+    _MADE_BY_VALUE.add(cls)
     if tracker_id is not None:
         with _cp._DYNAMIC_CLASS_TRACKER_LOCK:
             _cp._DYNAMIC_CLASS_TRACKER_BY_ID[tracker_id] = cls
@@ -228,6 +252,13 @@ class ProxyPickler(cloudpickle.Pickler):
                 args = list(reduced[1])
                 tracker, args[4] = args[4], None
                 reduced[0], reduced[1] = _make_class_answering_to, (tracker, *args)
+            return tuple(reduced)
+        if isinstance(obj, type) and not _should_pickle_by_reference(obj):
+            # any other class saved by value (defined in a function, a helper module saved by
+            # value): made the same way, without running its bases' hooks again
+            reduced = list(_dynamic_class_reduce(obj))
+            if reduced[0] is _make_skeleton_class:
+                reduced[0], reduced[1] = _make_class_answering_to, (None, *reduced[1])
             return tuple(reduced)
         if isinstance(obj, types.ModuleType) and t is not types.ModuleType \
                 and sys.modules.get(obj.__name__) is obj:
