@@ -68,3 +68,58 @@ def test_warnings_capture_umask_time_zone_and_a_signal_handler_survive_a_chain_o
     assert (job / "train.log").read_text() == log
     assert _outputs(job) == files
     assert all("loss plateaued" not in r.stderr for r in runs)
+
+
+LOGGING_EXTRAS = """
+import logging, os
+here = os.path.dirname(os.path.abspath(__file__))
+NOTICE = 25
+logging.addLevelName(NOTICE, "NOTICE")
+state = {"step": -1}
+base_factory = logging.getLogRecordFactory()
+
+def record_factory(*args, **kwargs):
+    record = base_factory(*args, **kwargs)
+    record.step = state["step"]
+    return record
+
+logging.setLogRecordFactory(record_factory)
+
+class EveryOther(logging.Filter):
+    def __init__(self):
+        super().__init__()
+        self.seen = 0
+
+    def filter(self, record):
+        self.seen += 1
+        return self.seen % 3 != 0
+
+log = logging.getLogger("train")
+handler = logging.FileHandler(os.path.join(here, "train.log"), mode="w")
+handler.setFormatter(logging.Formatter("%(levelname)s step=%(step)s %(message)s"))
+log.addHandler(handler)
+log.setLevel(logging.INFO)
+log.addFilter(EveryOther())
+log.addFilter(lambda record: "skip" not in record.getMessage())
+for step in range(10):
+    state["step"] = step
+    log.log(NOTICE, "loss %d", 100 - step)
+    log.info("skip me %d", step)
+    print(step, logging.getLevelName(NOTICE), flush=True)
+"""
+
+
+def test_logger_filters_level_names_and_the_record_factory_survive_a_chain_of_stops(launcher, tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text(textwrap.dedent(LOGGING_EXTRAS))
+    target = [str(job / "train.py")]
+    base, trace = trace_of(launcher, target, tmp_path)
+    log = (job / "train.log").read_text()
+    assert "NOTICE step=8 loss 92" in log and "skip" not in log, log
+    assert "step=1 " not in log and "step=4 " not in log and "step=5 " in log, log
+    (job / "train.log").unlink()
+    stops = pick_stops(trace, 3, extra=3)
+    out, runs = run_chain(launcher, target, stops, tmp_path / "ck")
+    assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"
+    assert (job / "train.log").read_text() == log

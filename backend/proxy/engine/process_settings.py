@@ -24,8 +24,9 @@ the program continues:
 * ``sys.stdout`` / ``sys.stderr`` when the job replaced them (a "tee" object that prints to the
   terminal and a log file): the object is saved, and the streams it wraps, which were the
   process's own at the start, stand for the new process's own (`start_stream_name`);
-* ``logging``: every configured logger's level, propagation, disabled flag and handlers (a
-  ``FileHandler`` keeps its file's lines and place, open_files.py), and ``logging.disable``.
+* ``logging``: every configured logger's level, propagation, disabled flag, handlers (a
+  ``FileHandler`` keeps its file's lines and place, open_files.py) and filters, the level names
+  the job added, its record factory and logger class, and ``logging.disable``.
 
 Only loggers the job configured are recorded: those whose level, handlers or flags differ from
 when the program began (`begin`), so handlers the host process had already (a test runner's
@@ -54,7 +55,7 @@ from typing import Any, Callable, Optional
 #: loggers of the service itself: configured by the worker, not the job
 _OWN_LOGGERS = ("backend", "singularity_sdk")
 #: each logger's configuration when the program began (or before a restore put the job's back)
-_start: dict[str, Any] = {"pid": None, "loggers": {}, "streams": {}, "signals": {}, "zone": None}
+_start: dict[str, Any] = {"pid": None, "loggers": {}, "streams": {}, "signals": {}, "zone": None, "logging": {}}
 _warned: set[tuple[str, int]] = set()
 #: in `_start`, a setting a restore put back: the job's, saved by every later checkpoint even
 #: when it equals what the new process began with (the next one may begin with another)
@@ -69,6 +70,7 @@ def begin() -> None:
     what the job changes is saved."""
     _start["pid"] = os.getpid()
     _start["loggers"] = {name: _signature(lg) for name, lg in _all_loggers().items()}
+    _start["logging"] = _logging_globals()
     _start["streams"] = {name: getattr(sys, name) for name in _STREAMS}
     _start["signals"] = {sig: _handler(sig) for sig in _signals()}
     _start["zone"] = _zone()
@@ -252,7 +254,14 @@ def _apply_torch(torch: Any, saved: dict[str, Any]) -> None:
 
 # --------------------------------------------------------------------------- logging
 def _signature(logger: logging.Logger) -> tuple:
-    return logger.level, logger.propagate, logger.disabled, tuple(map(id, logger.handlers))
+    return logger.level, logger.propagate, logger.disabled, tuple(map(id, logger.handlers)), \
+        tuple(map(id, logger.filters))
+
+
+def _logging_globals() -> dict[str, Any]:
+    """What ``logging.addLevelName``, ``setLogRecordFactory`` and ``setLoggerClass`` set."""
+    return {"levels": dict(logging._levelToName),  # type: ignore[attr-defined]
+            "record_factory": logging.getLogRecordFactory(), "logger_class": logging.getLoggerClass()}
 
 
 def _all_loggers() -> dict[str, logging.Logger]:
@@ -267,7 +276,8 @@ def _changed_by_job(name: str, logger: logging.Logger) -> bool:
         return False
     started = _start["loggers"].get(name)
     if started is None:  # made since the program began: by the job, or a library it imported
-        return bool(logger.handlers) or logger.level != logging.NOTSET or not logger.propagate or logger.disabled
+        return bool(logger.handlers) or bool(logger.filters) or logger.level != logging.NOTSET \
+            or not logger.propagate or logger.disabled
     return started != _signature(logger)
 
 
@@ -291,17 +301,55 @@ def _logging(probe: Callable[[Any], Optional[str]]) -> dict[str, Any]:
                 break
             handlers.append(handler)
         out[name] = {"level": logger.level, "propagate": logger.propagate, "disabled": logger.disabled,
-                     "handlers": handlers}
-    return {"disable": logging.Logger.manager.disable, "loggers": out}
+                     "handlers": handlers, "filters": _saveable(f"the filters of logger {name or 'root'!r}",
+                                                                list(logger.filters), probe)}
+    return {"disable": logging.Logger.manager.disable, "loggers": out, **_changed_logging_globals(probe)}
+
+
+def _saveable(what: str, value: Any, probe: Callable[[Any], Optional[str]]) -> Any:
+    """``value``, or None with a warning (once) when it does not pickle."""
+    why = probe(value)
+    if why is None:
+        return value
+    if (what, 0) not in _warned:
+        _warned.add((what, 0))
+        warnings.warn(f"{what} cannot be saved ({why}); after a restore the new process's are used",
+                      RuntimeWarning, stacklevel=4)
+    return None
+
+
+def _changed_logging_globals(probe: Callable[[Any], Optional[str]]) -> dict[str, Any]:
+    """Level names the job added (``logging.addLevelName(25, "NOTICE")``), and its record factory
+    and logger class where it set them: a restore does not run those statements again, so records
+    said "Level 25" and lost the fields the factory added."""
+    start, now = _start.get("logging") or _logging_globals(), _logging_globals()
+    out: dict[str, Any] = {}
+    levels = {level: name for level, name in now["levels"].items() if start["levels"].get(level) != name}
+    if levels:
+        out["levels"] = levels
+    for key in ("record_factory", "logger_class"):
+        if now[key] is not start[key]:
+            value = _saveable(f"logging's {key.replace('_', ' ')}", now[key], probe)
+            if value is not None:
+                out[key] = value
+    return out
 
 
 def _apply_logging(saved: dict[str, Any]) -> None:
     logging.disable(saved["disable"])
+    for level, name in (saved.get("levels") or {}).items():
+        logging.addLevelName(level, name)
+    if saved.get("record_factory") is not None:
+        logging.setLogRecordFactory(saved["record_factory"])
+    if saved.get("logger_class") is not None:
+        logging.setLoggerClass(saved["logger_class"])
     for name, conf in saved["loggers"].items():
         logger = logging.getLogger(name or None)
         logger.setLevel(conf["level"])
         logger.propagate = conf["propagate"]
         logger.disabled = conf["disabled"]
+        if conf.get("filters") is not None:
+            logger.filters[:] = conf["filters"]
         if conf["handlers"] is None:
             continue
         for handler in conf["handlers"]:
