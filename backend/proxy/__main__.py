@@ -21,7 +21,7 @@ from typing import Optional
 
 from backend.contract import ENV_HASH_SEED, EXIT_PREEMPTED, with_hash_seed
 
-from .launch import say
+from .launch import say, say_line
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m backend.proxy", description=__doc__.split("\n\n")[0])
@@ -81,7 +81,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         else:
             program = ResumableProgram.from_source(script.read_text(), str(script))
     except (OSError, SyntaxError) as e:
-        print(f"[proxy] cannot load {script}: {e}", file=sys.stderr)
+        say_line(f"cannot load {script}: {e}")
         return 2
 
     store = CheckpointStore(args.checkpoint_dir, keep=args.keep)
@@ -115,7 +115,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         say("stopped", {"step": p.checkpoint.step, "path": str(p.checkpoint.path)})
         return EXIT_PREEMPTED
     except CheckpointError as e:
-        print(f"[proxy] restore failed: {e}", file=sys.stderr)
+        say_line(f"restore failed: {e}")
         return 2
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

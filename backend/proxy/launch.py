@@ -160,10 +160,19 @@ def launch(script: Path, placement: RankLayout, args: Sequence[str] = (), env: O
         tmp.cleanup()
 
 
+def say_line(text: str) -> None:
+    """A plain ``[proxy] ...`` line on stderr (what `say` writes, without the JSON)."""
+    sys.stderr.write(f"[proxy] {text}\n")
+    sys.stderr.flush()
+
+
 def say(kind: str, data: Any) -> None:
     """A diagnostic for the launching process: one ``[proxy] KIND JSON`` line on stderr (the
-    wire format of both ``python -m backend.proxy`` and this launcher; stdout is the script's)."""
-    print(f"[proxy] {kind} {json.dumps(data, default=str)}", file=sys.stderr, flush=True)
+    wire format of both ``python -m backend.proxy`` and this launcher; stdout is the script's).
+    Written to the stream, not through ``print``: a script may replace ``builtins.print`` (one
+    that prints on rank 0 only, or adds a prefix), and the lines must still reach the launcher."""
+    sys.stderr.write(f"[proxy] {kind} {json.dumps(data, default=str)}\n")
+    sys.stderr.flush()
 
 
 def _run_engine(script: str, checkpoint_dir: Path, restore: bool) -> int:
@@ -196,7 +205,7 @@ def _run_engine(script: str, checkpoint_dir: Path, restore: bool) -> int:
         say("stopped", {"step": p.checkpoint.step, "path": str(p.checkpoint.path)})
         return EXIT_PREEMPTED
     except CheckpointError as e:
-        print(f"[proxy] restore failed: {e}", file=sys.stderr)
+        say_line(f"restore failed: {e}")
         return 2
     say("finished", {"step": run.controller.last_step if run.controller else 0})
     return 0

@@ -9,16 +9,25 @@ on, silently. So the statements of the program that assign to an attribute of a 
 classes only, the attribute's current value (`capture`); a restore sets them again before
 the program continues (`apply`). A statement not yet run records the library's own value, which
 setting again changes nothing. Attributes of ``sys`` are process_settings.py's.
+
+Patches are made in the shapes research code makes them, and each is found: ``setattr(F,
+"gelu", my_gelu)`` with a constant name counts as an assignment; the job's own helper modules
+are scanned as the script is (DeiT's and DETR's ``utils.setup_for_distributed`` replaces
+``builtins.print`` from a function of ``utils.py``); and a name that is no global (``import
+builtins as __builtin__`` inside that function) is looked up through the imports the file makes.
 """
 from __future__ import annotations
 
 import ast
+import builtins
 import sys
 import types
 import warnings
 from typing import Any, Callable, Optional
 
 Candidate = tuple[tuple[str, ...], str]  # (the dotted name's parts, the attribute)
+#: the builtins as Python made them, before the program ran (the engine is imported first)
+_PRISTINE_BUILTINS = dict(vars(builtins))
 _warned: set[tuple[int, str]] = set()
 
 
@@ -34,13 +43,18 @@ def _dotted(node: ast.expr) -> Optional[tuple[str, ...]]:
 
 
 def candidates(tree: ast.AST) -> tuple[Candidate, ...]:
-    """``(name parts, attribute)`` of every assignment to ``a.b.attr`` in ``tree`` (any depth)."""
+    """``(name parts, attribute)`` of every assignment to ``a.b.attr`` in ``tree`` (any depth),
+    and of every ``setattr(a.b, "attr", value)`` with a constant name."""
     found: set[Candidate] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
             targets = list(node.targets)
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" \
+                and len(node.args) == 3 and isinstance(node.args[1], ast.Constant) \
+                and isinstance(node.args[1].value, str):
+            targets = [ast.Attribute(value=node.args[0], attr=node.args[1].value, ctx=ast.Store())]
         else:
             continue
         while targets:
@@ -54,10 +68,66 @@ def candidates(tree: ast.AST) -> tuple[Candidate, ...]:
     return tuple(sorted(found))
 
 
-def _owner(program_globals: dict, parts: tuple[str, ...]) -> Any:
-    """The module or class ``parts`` names in the program's globals, else None (a local variable,
-    an instance: its attributes are saved with it)."""
+def imported_names(tree: ast.AST) -> dict[str, str]:
+    """Each name an import statement anywhere in ``tree`` binds -> the dotted path it imports
+    (``import builtins as __builtin__`` -> ``builtins``; ``from torch.nn import functional as F``
+    -> ``torch.nn.functional``): how a patch made inside a function names its module."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                names[alias.asname or alias.name.partition(".")[0]] = alias.name if alias.asname else \
+                    alias.name.partition(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                if alias.name != "*":
+                    names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return names
+
+
+def _imported(path: str) -> Any:
+    """What the dotted ``path`` names among the modules already imported (nothing is imported here)."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        obj = sys.modules.get(".".join(parts[:i]))
+        if obj is not None:
+            for part in parts[i:]:
+                obj = getattr(obj, part, None)
+            return obj
+    return None
+
+
+#: module name -> (its module object, its patches, its imported names), for the job's helper modules
+_scanned: dict[str, tuple[Any, tuple[Candidate, ...], dict[str, str]]] = {}
+
+
+def module_patches(modules: dict[str, types.ModuleType]) -> list[tuple[dict, tuple[Candidate, ...], dict[str, str]]]:
+    """For each of the job's helper modules that patches something: its globals, the patches its
+    source makes and the names its imports bind (each source parsed once per module object)."""
+    out = []
+    for name, module in modules.items():
+        known = _scanned.get(name)
+        if known is None or known[0] is not module:
+            found: tuple[Candidate, ...] = ()
+            imports: dict[str, str] = {}
+            try:
+                with open(module.__file__, "rb") as f:  # type: ignore[arg-type]
+                    tree = ast.parse(f.read())
+                found, imports = candidates(tree), imported_names(tree)
+            except (OSError, SyntaxError, ValueError, TypeError):
+                pass
+            known = _scanned[name] = (module, found, imports)
+        if known[1]:
+            out.append((vars(module), known[1], known[2]))
+    return out
+
+
+def _owner(program_globals: dict, parts: tuple[str, ...], imports: Optional[dict[str, str]] = None) -> Any:
+    """The module or class ``parts`` names in the program's globals (or through the file's
+    imports), else None (a local variable, an instance: its attributes are saved with it)."""
     obj = program_globals.get(parts[0])
+    if obj is None and imports and parts[0] in imports:
+        obj = _imported(imports[parts[0]])
     for part in parts[1:]:
         if not isinstance(obj, (types.ModuleType, type)):
             return None
@@ -69,26 +139,50 @@ def _owner(program_globals: dict, parts: tuple[str, ...]) -> Any:
 
 
 def capture(program_globals: dict, found: tuple[Candidate, ...],
-            probe: Callable[[Any], Optional[str]]) -> list[tuple[Any, str, Any]]:
-    """``[(module or class, attribute, value)]`` to set again on restore."""
+            probe: Callable[[Any], Optional[str]], imports: Optional[dict[str, str]] = None,
+            helpers: Optional[dict[str, types.ModuleType]] = None) -> list[tuple[Any, str, Any]]:
+    """``[(module or class, attribute, value)]`` to set again on restore: the program's patches
+    (``found``, its names resolved in ``program_globals`` or ``imports``), then those of the
+    job's ``helpers`` modules."""
     out = []
-    for parts, attr in found:
-        owner = _owner(program_globals, parts)
-        if owner is None:
-            continue
-        try:
-            value = getattr(owner, attr)
-        except AttributeError:
-            continue
-        why = probe(value)
-        if why is not None:
-            if (id(owner), attr) not in _warned:
-                _warned.add((id(owner), attr))
-                warnings.warn(f"{'.'.join(parts)}.{attr} cannot be saved ({why}); after a restore it has "
-                              f"the value a fresh import gives it", RuntimeWarning, stacklevel=3)
-            continue
-        out.append((owner, attr, value))
+    seen: set[tuple[int, str]] = set()
+    sources = [(program_globals, found, imports)] + module_patches(helpers or {})
+    for scope, patches, names in sources:
+        for parts, attr in patches:
+            owner = _owner(scope, parts, names)
+            if owner is None or (id(owner), attr) in seen:
+                continue
+            seen.add((id(owner), attr))
+            try:
+                value = getattr(owner, attr)
+            except AttributeError:
+                continue
+            why = probe(value)
+            if why is not None:
+                if (id(owner), attr) not in _warned:
+                    _warned.add((id(owner), attr))
+                    warnings.warn(f"{'.'.join(parts)}.{attr} cannot be saved ({why}); after a restore it has "
+                                  f"the value a fresh import gives it", RuntimeWarning, stacklevel=3)
+                continue
+            out.append((owner, attr, value))
     return out
+
+
+def reduce_replaced_builtin(obj: Any) -> Any:
+    """A builtin function (``print``) that the program has since replaced in ``builtins``
+    (``builtins.print = print_on_rank0``, whose closure keeps the original): pickle names a
+    builtin by where it lives, finds the replacement there and refuses. Saved as the original,
+    which the load takes from the builtins as Python made them (a helper module imported again on
+    restore may have replaced it by then). NotImplemented for anything else."""
+    name = getattr(obj, "__name__", None)
+    if getattr(obj, "__self__", None) is builtins and isinstance(name, str) \
+            and _PRISTINE_BUILTINS.get(name) is obj and getattr(builtins, name, None) is not obj:
+        return _original_builtin, (name,)
+    return NotImplemented
+
+
+def _original_builtin(name: str) -> Any:
+    return _PRISTINE_BUILTINS[name]
 
 
 def apply(saved: Optional[list]) -> None:

@@ -19,6 +19,7 @@ class ProgramView(Protocol):
     filename: str
     identity: str
     patched_attributes: tuple  # library_patches.candidates
+    patch_imports: dict  # library_patches.imported_names
     submodule_imports: tuple  # imported_submodules.candidates
 
     @property

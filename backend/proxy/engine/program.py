@@ -68,6 +68,7 @@ class ResumableProgram:
         self._rewritten = rewritten
         #: `a.b.attr = ...` statements: monkeypatches of libraries, set again on restore
         self.patched_attributes = library_patches.candidates(rewritten.tree) if rewritten else ()
+        self.patch_imports = library_patches.imported_names(rewritten.tree) if rewritten else {}
         #: `import a.b` statements: submodules imported again on restore (the top package alone is saved)
         self.submodule_imports = imported_submodules.candidates(rewritten.tree) if rewritten else ()
         self._code = code

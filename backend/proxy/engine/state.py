@@ -77,6 +77,7 @@ try:
     _function_setstate = _cp._function_setstate
     _make_empty_cell = _cp._make_empty_cell
     _dynamic_class_reduce = _cp._dynamic_class_reduce
+    _class_reduce = _cp._class_reduce
     _make_skeleton_class = _cp._make_skeleton_class
     _code_reduce = _cp._code_reduce
     _should_pickle_by_reference = _cp._should_pickle_by_reference
@@ -113,6 +114,32 @@ class _NamespaceRef:
 
     def __reduce__(self) -> tuple:
         return _current_namespace, ()
+
+
+class _ModuleGlobalsRef:
+    """Stands for "the globals of module ``name``" inside a pickle: a function a rewritten module
+    made (a closure its helper returned, DeiT's ``print`` that ``setup_for_distributed`` puts in
+    ``builtins``) calls the runtime through its module's ``__sg_rt__``; a private copy of the
+    globals would carry a copy of the runtime itself (with its threads: refused), and would not
+    see the module's globals as the restore sets them."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> tuple:
+        return _module_globals, (self.name,)
+
+
+def _module_globals(name: str) -> dict:
+    return vars(importlib.import_module(name))
+
+
+def _rewritten_module_of(fn: types.FunctionType) -> Optional[str]:
+    """The name of the module whose globals ``fn`` has, when it is a module the engine rewrote
+    (its globals hold ``__sg_rt__``), else None (the program's namespace, a cell's globals)."""
+    name = fn.__globals__.get("__name__")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    return name if module is not None and vars(module) is fn.__globals__ and name != "__main__" else None
 
 
 def _std_stream_name(obj: Any) -> Optional[str]:
@@ -155,7 +182,7 @@ def _decided_by_type(obj: Any, t: type) -> bool:
     """Whether the rules' answer for ``obj`` (plain pickling) holds for every instance of ``t``:
     all of them but these look at the type alone."""
     torch_types = lazy.torch_types()
-    return not issubclass(t, type) and t is not types.FunctionType \
+    return not issubclass(t, type) and t is not types.FunctionType and t is not types.BuiltinFunctionType \
         and not isinstance(obj, (io.IOBase, types.ModuleType)) and t.__name__ not in ("memmap", "NpzFile") \
         and not (torch_types is not None and isinstance(obj, torch_types.tensor)) \
         and type(getattr(t, "_shared_state", None)) is not dict and not array_views.is_array(obj)
@@ -245,6 +272,14 @@ class ProxyPickler(cloudpickle.Pickler):
             closure = obj.__closure__
             return (_make_function, (obj.__code__, _NamespaceRef(), None, None, closure),
                     (state, slotstate), None, None, _function_setstate)
+        if t is types.FunctionType and RT in obj.__globals__ and not _should_pickle_by_reference(obj):
+            module = _rewritten_module_of(obj)
+            if module is not None:  # a closure or a replaced method of a rewritten module (a helper's)
+                state, slotstate = _function_getstate(obj)
+                slotstate["__globals__"] = {}
+                slotstate["__closure__"] = None
+                return (_make_function, (obj.__code__, _ModuleGlobalsRef(module), None, None, obj.__closure__),
+                        (state, slotstate), None, None, _function_setstate)
         if own and isinstance(obj, type) and ns is not None \
                 and getattr(obj, "__module__", None) == ns.get("__name__") and ns.get(obj.__name__) is obj:
             reduced = list(_dynamic_class_reduce(obj))
@@ -253,18 +288,22 @@ class ProxyPickler(cloudpickle.Pickler):
                 tracker, args[4] = args[4], None
                 reduced[0], reduced[1] = _make_class_answering_to, (tracker, *args)
             return tuple(reduced)
-        if isinstance(obj, type) and not _should_pickle_by_reference(obj):
+        if isinstance(obj, type):
             # any other class saved by value (defined in a function, a helper module saved by
             # value): made the same way, without running its bases' hooks again
-            reduced = list(_dynamic_class_reduce(obj))
-            if reduced[0] is _make_skeleton_class:
-                reduced[0], reduced[1] = _make_class_answering_to, (None, *reduced[1])
-            return tuple(reduced)
+            reduced = _class_reduce(obj)
+            if reduced is NotImplemented or reduced[0] is not _make_skeleton_class:
+                return reduced
+            return (_make_class_answering_to, (None, *reduced[1]), *reduced[2:])
         if isinstance(obj, types.ModuleType) and t is not types.ModuleType \
                 and sys.modules.get(obj.__name__) is obj:
             # a module that is an instance of a subclass (torch.backends.cudnn): by name, as
             # cloudpickle does plain modules (it fails on these, and on every function using one)
             return importlib.import_module, (obj.__name__,)
+        if t is types.BuiltinFunctionType:  # print, when the program has replaced builtins.print
+            reduced = library_patches.reduce_replaced_builtin(obj)
+            if reduced is not NotImplemented:
+                return reduced
         if t is types.CellType:  # made empty, then filled: a cell holding its own function is fine
             try:
                 return _make_empty_cell, (), (obj.cell_contents,), None, None, _fill_cell
@@ -878,7 +917,9 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         "closure": _closure_values(rt),  # a submitted closure's cells: `run` of make_trainer(lr)
         "modules": module_state.capture(job[0], probe_setting, job[1]),  # config.lr = args.lr: set again on restore
         "submodules": imported_submodules.capture(rt.program.submodule_imports),  # import logging.config
-        "patches": library_patches.capture(rt.fn_globals or rt.ns, rt.program.patched_attributes, probe_setting),
+        # F.gelu = my_gelu; builtins.print replaced by a helper module's setup_for_distributed
+        "patches": library_patches.capture(rt.fn_globals or rt.ns, rt.program.patched_attributes, probe_setting,
+                                           rt.program.patch_imports, job[1]),
         "exit_handlers": exit_handlers.capture(probe_setting),  # atexit.register(write_summary): run at the real end
         "rng": rng.capture(full=True),
         "context": context.capture(),  # argv, cwd, env changes: redone by program.run on restore
