@@ -113,7 +113,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         result = run_rank(program, namespace, run, before)
     except Preempted as p:
         say("stopped", {"step": p.checkpoint.step, "path": str(p.checkpoint.path)})
-        return EXIT_PREEMPTED
+        if trace_file is not None:
+            trace_file.close()
+        # as the worker does: the program did not end, so its objects' __del__ (run when the
+        # interpreter clears __main__ at exit) must not run in this process
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_PREEMPTED)
     except CheckpointError as e:
         say_line(f"restore failed: {e}")
         return 2

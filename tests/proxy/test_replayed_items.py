@@ -510,3 +510,41 @@ def test_a_stream_drawing_random_numbers_is_refused_at_a_checkpoint_after_a_rest
     assert first.stdout + rest.stdout == base.stdout
     [failed] = [d for _, d in rest.events("checkpoint_failed")]
     assert "drew random numbers after the first" in failed["error"] and "num_workers=1 or more" in failed["error"]
+
+
+BY_INDEX = """
+import random
+
+class Shards:
+    \"\"\"Iterated by index (``__getitem__`` and ``__len__``, no ``__iter__``), counting its loads.\"\"\"
+    def __init__(self, n):
+        self.n, self.loads = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i >= self.n:
+            raise IndexError(i)
+        self.loads += 1
+        return [random.random() for _ in range(2)]
+
+random.seed(0)
+shards = Shards(12)
+total = 0.0
+for i, shard in enumerate(shards):
+    total += sum(shard) * random.random()
+    print(i, shards.loads, f"{total:.10f}", flush=True)
+"""
+
+
+def test_an_object_iterated_by_index_resumes_without_loading_the_items_again(launcher, tmp_path):
+    """``__getitem__`` drew random numbers and counted its loads: the replay of the items already
+    taken ran it again on the restored object (the count advanced twice), or was refused."""
+    script = tmp_path / "by_index.py"
+    script.write_text(textwrap.dedent(BY_INDEX))
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    assert "11 12 " in base.stdout, base.describe()
+    stops = pick_stops(trace, 5, extra=3)
+    out, runs = run_chain(launcher, [str(script)], stops, tmp_path / "ck")
+    assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"

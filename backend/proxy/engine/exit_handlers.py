@@ -14,9 +14,13 @@ to the interpreter at once, as before.
 from __future__ import annotations
 
 import atexit
+import builtins
+import gc
+import sys
 import warnings
 from typing import Any, Callable, Optional
 
+from . import library_patches
 from .ownership import PROGRAM
 
 _REGISTER = atexit.register
@@ -59,11 +63,34 @@ def capture(probe: Callable[[Any], Optional[str]]) -> list:
     return kept
 
 
-def uninstall(ended: bool) -> None:
+def uninstall(ended: bool, main_globals: Optional[dict] = None) -> None:
     """The program returned, raised (``ended``: its handlers now run at the interpreter's exit,
-    as they would have) or stopped for a preemption (they stay in the checkpoint only)."""
+    as they would have) or stopped for a preemption (they stay in the checkpoint only).
+
+    ``main_globals``: a script's ``__main__`` namespace, cleared after the handlers as the
+    interpreter clears ``__main__`` at exit, so the ``__del__`` of its objects (a summary
+    printed, a buffer flushed) runs as in a plain run, at the real end only, and while the
+    job's output is still captured: the worker's own exit skipped it, or ran it once the
+    interpreter had put the original ``sys.stdout`` back, whose lines nobody read."""
     atexit.register, atexit.unregister = _REGISTER, _UNREGISTER  # type: ignore[assignment]
     handlers, _handlers[:] = list(_handlers), []
     if ended:
+        if main_globals is not None:
+            _REGISTER(_clear_like_the_interpreter, main_globals)  # atexit runs last what it got first
         for func, args, kwargs in handlers:
             _REGISTER(func, *args, **kwargs)
+
+
+def _clear_like_the_interpreter(namespace: dict) -> None:
+    """What CPython does at exit: the builtins as they were at start put back (a replaced
+    ``print`` is not the one ``__del__`` methods find), then ``__main__``'s dict cleared (a
+    script's functions and classes hold it in a cycle, so the collector clears it: its values
+    go in the order they were set); then a collection for the rest."""
+    vars(builtins).update(library_patches.PRISTINE_BUILTINS)
+    namespace.clear()
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass

@@ -3,8 +3,9 @@
 A loop's iterable is a tree: `Node` for ``enumerate``/``zip``/``iter`` (rebuilt from their
 children) and `Leaf` for anything else.  Each leaf gets a strategy when the loop starts:
 
-``seq``        a builtin sequence/collection, array or tensor: ``iter()`` again and skip k items
-               (O(1) via ``__setstate__`` for list/tuple/range/str/bytes/array iterators).
+``seq``        a builtin sequence/collection, array or tensor, or an object iterated by index
+               (``__getitem__`` and no ``__iter__``): ``iter()`` again and skip k items (O(1) via
+               ``__setstate__`` for list/tuple/range/str/bytes/array and by-index iterators).
 ``dataloader`` a ``torch.utils.data.DataLoader``: ``iter()`` again under the RNG state saved when
                the loop began (same shuffle, same worker seeds), then with ``num_workers == 0``
                and a map-style dataset advance only its index sampler (no batch is loaded);
@@ -177,7 +178,7 @@ def classify(leaf: Leaf) -> str:
             v.batch_sampler is not None and not lazy.is_builtin_sampler(v.batch_sampler))
         in_process_replay = leaf.mode == "replay" and v.num_workers == 0
         return "full" if custom or in_process_replay else "torch"
-    if isinstance(v, _SEQ_TYPES) or lazy.is_array(v):
+    if isinstance(v, _SEQ_TYPES) or lazy.is_array(v) or _iterated_by_index(type(v)):
         leaf.kind = "seq"
         return ""
     if hasattr(type(v), "__next__"):  # an iterator; calling iter() here could have side effects
@@ -189,6 +190,14 @@ def classify(leaf: Leaf) -> str:
         return "full"
     leaf.kind = "iterable"
     return "full"
+
+
+def _iterated_by_index(t: type) -> bool:
+    """A class with ``__getitem__`` and no ``__iter__`` (a map-style Dataset, an old-style
+    sequence): Python iterates it by index, and its iterator's position is that index. A restore
+    sets the index again instead of calling ``__getitem__`` for the items already taken, which
+    loaded them for nothing and ran whatever else they do (a counter advanced twice)."""
+    return getattr(t, "__iter__", None) is None and hasattr(t, "__getitem__") and not hasattr(t, "__next__")
 
 
 def leaves_of(tree: Any) -> list[Leaf]:

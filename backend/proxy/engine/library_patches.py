@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 Candidate = tuple[tuple[str, ...], str]  # (the dotted name's parts, the attribute)
 #: the builtins as Python made them, before the program ran (the engine is imported first)
-_PRISTINE_BUILTINS = dict(vars(builtins))
+PRISTINE_BUILTINS = dict(vars(builtins))
 _warned: set[tuple[int, str]] = set()
 
 
@@ -176,13 +176,13 @@ def reduce_replaced_builtin(obj: Any) -> Any:
     restore may have replaced it by then). NotImplemented for anything else."""
     name = getattr(obj, "__name__", None)
     if getattr(obj, "__self__", None) is builtins and isinstance(name, str) \
-            and _PRISTINE_BUILTINS.get(name) is obj and getattr(builtins, name, None) is not obj:
+            and PRISTINE_BUILTINS.get(name) is obj and getattr(builtins, name, None) is not obj:
         return _original_builtin, (name,)
     return NotImplemented
 
 
 def _original_builtin(name: str) -> Any:
-    return _PRISTINE_BUILTINS[name]
+    return PRISTINE_BUILTINS[name]
 
 
 def apply(saved: Optional[list]) -> None:

@@ -6,6 +6,7 @@ import hashlib
 import inspect
 import linecache
 import os
+import sys
 import textwrap
 import time
 import types
@@ -284,11 +285,19 @@ class ResumableProgram:
             stopped = True
             raise
         finally:
-            exit_handlers.uninstall(ended=not stopped)
+            exit_handlers.uninstall(ended=not stopped, main_globals=self._main_globals(namespace))
             caches.uninstall()
             ownership.PROGRAM.set(None, None)
             libraries.bind(None)
             controller.detach()
+
+    def _main_globals(self, namespace: dict) -> Optional[dict]:
+        """``namespace`` when it is a script's ``__main__`` module (not a notebook cell's, whose
+        kernel goes on), which the interpreter would clear at exit."""
+        main = sys.modules.get("__main__")
+        if self.kind != "source" or self.filename.startswith("<") or main is None or vars(main) is not namespace:
+            return None
+        return namespace
 
     def _folder(self) -> Optional[str]:
         """The job's own folder, whose modules are the user's: the script's, or a cell's working
