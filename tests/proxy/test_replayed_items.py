@@ -548,3 +548,37 @@ def test_an_object_iterated_by_index_resumes_without_loading_the_items_again(lau
     stops = pick_stops(trace, 5, extra=3)
     out, runs = run_chain(launcher, [str(script)], stops, tmp_path / "ck")
     assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"
+
+
+CALLABLE_ITERATOR = """
+import random
+
+class Source:
+    def __init__(self, n):
+        self.left = n
+
+    def next_batch(self):
+        if self.left == 0:
+            return None
+        self.left -= 1
+        return [random.random() for _ in range(3)]
+
+random.seed(0)
+src = Source(10)
+total = 0.0
+for batch in iter(src.next_batch, None):
+    total += sum(batch) * random.random()
+    print(src.left, f"{total:.10f}", flush=True)
+"""
+
+
+def test_an_iterator_restored_from_its_pickle_is_not_refused_for_its_draws_after_a_restore(launcher, tmp_path):
+    """``iter(src.next_batch, None)`` pickles with ``src``: a restore does not replay it, so the
+    draws of its items need no refusal; one came at the first checkpoint after a restore, telling
+    the user about DataLoader workers."""
+    script = tmp_path / "callable_iterator.py"
+    script.write_text(textwrap.dedent(CALLABLE_ITERATOR))
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    stops = pick_stops(trace, 3, extra=3)
+    out, runs = run_chain(launcher, [str(script)], stops, tmp_path / "ck")
+    assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"

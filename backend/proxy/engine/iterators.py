@@ -371,6 +371,8 @@ def refuse_drawn_after_restore(desc: dict, digests: dict[int, item_digest.Digest
         if "children" not in state and index in digests:
             text = leaf_texts[index] if index < len(leaf_texts) else "?"
             value = state.get("loader", state.get("iterable", state.get("iterator")))
+            if state["how"] == "pickled" and LOADER_ORIGIN not in getattr(value, "__dict__", {}):
+                return  # restored from its pickle, not replayed (`iter(src.next_batch, None)`)
             loader = state["how"] in ("dataloader", "pickled")
             if loader and getattr(value, "num_workers", getattr(value, "_num_workers", 0)):
                 return  # its workers' draws are replayed exactly (`advance_loader_iterator`)
