@@ -41,3 +41,42 @@ def test_del_of_globals_runs_once_at_the_real_end(launcher, tmp_path):
     stops = pick_stops(trace, 6, extra=2)
     out, runs = run_chain(launcher, [str(script)], stops, tmp_path / "ck")
     assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"
+
+
+FINALIZERS = """
+import weakref
+
+class Resource:
+    def __init__(self, name):
+        self.name = name
+        self._finalizer = weakref.finalize(self, print, "closed", name, flush=True)
+
+def released(name, log):
+    log.append(name)
+    print("released", name, len(log), flush=True)
+
+log = []
+items = [Resource(f"r{i}") for i in range(4)]
+for r in items:
+    weakref.finalize(r, released, r.name, log)
+for step in range(8):
+    if step == 3:
+        del items[0]
+    if step == 5:
+        items[1]._finalizer()
+    print(step, [r.name for r in items], [r._finalizer.alive for r in items], flush=True)
+"""
+
+
+def test_weakref_finalizers_fire_as_in_a_plain_run(launcher, tmp_path):
+    """A finalizer kept in an attribute came back dead, and one kept only by ``weakref``'s
+    registry was lost: after a restore neither fired, when its object went or at exit."""
+    script = tmp_path / "finalizers.py"
+    script.write_text(textwrap.dedent(FINALIZERS))
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert plain.stdout == base.stdout and "released r1 4\nclosed r3\nclosed r1\n" in base.stdout, base.describe()
+    for seed in (3, 4):
+        stops = pick_stops(trace, seed, extra=3)
+        out, runs = run_chain(launcher, [str(script)], stops, tmp_path / f"ck{seed}")
+        assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"

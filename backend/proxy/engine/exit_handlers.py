@@ -20,7 +20,7 @@ import sys
 import warnings
 from typing import Any, Callable, Optional
 
-from . import library_patches
+from . import finalizers, library_patches
 from .ownership import PROGRAM
 
 _REGISTER = atexit.register
@@ -86,6 +86,7 @@ def _clear_like_the_interpreter(namespace: dict) -> None:
     ``print`` is not the one ``__del__`` methods find), then ``__main__``'s dict cleared (a
     script's functions and classes hold it in a cycle, so the collector clears it: its values
     go in the order they were set); then a collection for the rest."""
+    finalizers.run_at_exit()  # weakref.finalize(..., atexit=True): its own handler runs before modules go
     vars(builtins).update(library_patches.PRISTINE_BUILTINS)
     namespace.clear()
     gc.collect()

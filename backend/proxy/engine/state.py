@@ -54,9 +54,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import cloudpickle
 
 from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
-               exit_handlers, getattr_classes, handles, held_managers, imported_submodules, iterators, lazy, libraries,
-               library_patches, module_state, open_files, ownership, process_settings, rng, scoped_modes, set_layouts,
-               training_state)
+               exit_handlers, finalizers, getattr_classes, handles, held_managers, imported_submodules, iterators,
+               lazy, libraries, library_patches, module_state, open_files, ownership, process_settings, rng,
+               scoped_modes, set_layouts, training_state)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
@@ -182,7 +182,7 @@ def _decided_by_type(obj: Any, t: type) -> bool:
     """Whether the rules' answer for ``obj`` (plain pickling) holds for every instance of ``t``:
     all of them but these look at the type alone."""
     torch_types = lazy.torch_types()
-    return not issubclass(t, type) and t is not types.FunctionType and t is not types.BuiltinFunctionType \
+    return not issubclass(t, type) and t not in (types.FunctionType, types.BuiltinFunctionType, weakref.finalize) \
         and not isinstance(obj, (io.IOBase, types.ModuleType)) and t.__name__ not in ("memmap", "NpzFile") \
         and not (torch_types is not None and isinstance(obj, torch_types.tensor)) \
         and type(getattr(t, "_shared_state", None)) is not dict and not array_views.is_array(obj)
@@ -257,6 +257,10 @@ class ProxyPickler(cloudpickle.Pickler):
         """The rules; a rule that looks at more than the type must be excepted in `_decided_by_type`."""
         if t is set_layouts.Pending:  # last in the graph: every set is in the memo by now
             return set_layouts.reduce_pending(self.memo)
+        if t is finalizers.Pending:  # near the end: the objects the finalizers watch are in the memo
+            return finalizers.reduce_pending(self.memo)
+        if t is weakref.finalize:
+            return finalizers.reduce_finalizer(obj)
         ns, own = _SAVE_NS.get() or (None, False)
         if t is types.CodeType:
             # cloudpickle names every code object "<dynamic-code>": a restored function's
@@ -931,6 +935,8 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         "fingerprint": fingerprint.capture(libraries.rewritten_distributions()),  # what an exact resume depends on: checked on restore
         # last: refers back to the tensors and optimizers above (grads, a GradScaler's pending state)
         "tail": tail,
+        # weakref.finalize callbacks of the program, over objects saved above
+        "finalizers": finalizers.Pending(),
         # after everything: the tables of the sets above, so they iterate as they did
         "set_layouts": set_layouts.Pending(),
     }
