@@ -173,5 +173,5 @@ def assert_chains_match(launcher: Launcher, target: list[str], base: Run, trace:
     """For each seed, a chain of random stops (`pick_stops`) ends with the uninterrupted run's stdout."""
     for seed in seeds:
         stops = pick_stops(trace, seed, extra=extra)
-        out, _ = run_chain(launcher, target, stops, ckroot / f"ck-{seed}")
-        assert out == base.stdout, f"seed {seed}, stops {stops}"
+        out, runs = run_chain(launcher, target, stops, ckroot / f"ck-{seed}")
+        assert out == base.stdout, f"seed {seed}, stops {stops}\n{runs[-1].describe()}"

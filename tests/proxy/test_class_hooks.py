@@ -5,7 +5,7 @@ loading), ``TypeError`` for a hook with a required keyword (``class Adder(Plugin
 counted every class twice."""
 from __future__ import annotations
 
-from harness import pick_stops, run_chain, trace_of
+from harness import assert_chains_match, trace_of
 
 HOOKS = """
 COUNT = {"n": 0}
@@ -44,6 +44,4 @@ def test_init_subclass_hooks_do_not_run_again_at_restore(launcher, tmp_path):
     script.write_text(HOOKS)
     base, trace = trace_of(launcher, [str(script)], tmp_path)
     assert base.rc == 0 and "7 510 {'n': 2} add double" in base.stdout, base.describe()
-    stops = pick_stops(trace, 2, extra=2)
-    out, runs = run_chain(launcher, [str(script)], stops, tmp_path / "ck")
-    assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"
+    assert_chains_match(launcher, [str(script)], base, trace, tmp_path, seeds=(2,), extra=2)

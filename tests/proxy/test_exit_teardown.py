@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from harness import pick_stops, run_chain, trace_of
+from harness import assert_chains_match, trace_of
 
 SUMMARY = """
 import atexit, builtins
@@ -38,9 +38,7 @@ def test_del_of_globals_runs_once_at_the_real_end(launcher, tmp_path):
     assert base.stdout.endswith("[log] 5\n[log] atexit first\nsummary: 6 steps\nsummary: 0 steps\n"), base.describe()
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert plain.stdout == base.stdout
-    stops = pick_stops(trace, 6, extra=2)
-    out, runs = run_chain(launcher, [str(script)], stops, tmp_path / "ck")
-    assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"
+    assert_chains_match(launcher, [str(script)], base, trace, tmp_path, seeds=(6,), extra=2)
 
 
 FINALIZERS = """
@@ -76,7 +74,4 @@ def test_weakref_finalizers_fire_as_in_a_plain_run(launcher, tmp_path):
     base, trace = trace_of(launcher, [str(script)], tmp_path)
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert plain.stdout == base.stdout and "released r1 4\nclosed r3\nclosed r1\n" in base.stdout, base.describe()
-    for seed in (3, 4):
-        stops = pick_stops(trace, seed, extra=3)
-        out, runs = run_chain(launcher, [str(script)], stops, tmp_path / f"ck{seed}")
-        assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"
+    assert_chains_match(launcher, [str(script)], base, trace, tmp_path, seeds=(3, 4))

@@ -8,7 +8,7 @@ import pickle
 
 from backend.proxy.engine import context
 from backend.proxy.engine.state import ProxyPickler
-from harness import pick_stops, run_chain, trace_of
+from harness import assert_chains_match, trace_of
 
 WRAPPED = """
 import argparse, tempfile
@@ -70,9 +70,7 @@ def test_wrappers_with_getattr_and_a_named_temporary_file_resume_exactly(launche
     script.write_text(WRAPPED)
     base, trace = trace_of(launcher, [str(script)], tmp_path)
     assert base.rc == 0 and "10 lines in True" in base.stdout, base.describe()
-    stops = pick_stops(trace, 8, extra=2)
-    out, runs = run_chain(launcher, [str(script)], stops, tmp_path / "ck")
-    assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"
+    assert_chains_match(launcher, [str(script)], base, trace, tmp_path, seeds=(8,), extra=2)
 
 
 class Delegating:

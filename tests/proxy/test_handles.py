@@ -12,7 +12,7 @@ import pytest
 
 from backend.proxy.engine import handles
 from backend.proxy.engine.state import probe
-from harness import EXIT_PREEMPTED, Launcher, pick_stops, run_chain, trace_of
+from harness import EXIT_PREEMPTED, Launcher, assert_chains_match, pick_stops, run_chain, trace_of
 
 pytest.importorskip("tensorboard", reason="the TensorBoard writer test needs the test extra (tensorboard)")
 
@@ -251,6 +251,4 @@ def test_a_thread_local_keeps_what_the_job_thread_put_in_it(launcher, tmp_path):
     script.write_text(THREAD_LOCAL)
     base, trace = trace_of(launcher, [str(script)], tmp_path)
     assert base.rc == 0 and "8 36 204" in base.stdout, base.describe()
-    stops = pick_stops(trace, 4, extra=2)
-    out, runs = run_chain(launcher, [str(script)], stops, tmp_path / "ck")
-    assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"
+    assert_chains_match(launcher, [str(script)], base, trace, tmp_path, seeds=(4,), extra=2)

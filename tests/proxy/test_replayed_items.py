@@ -545,9 +545,7 @@ def test_an_object_iterated_by_index_resumes_without_loading_the_items_again(lau
     script.write_text(textwrap.dedent(BY_INDEX))
     base, trace = trace_of(launcher, [str(script)], tmp_path)
     assert "11 12 " in base.stdout, base.describe()
-    stops = pick_stops(trace, 5, extra=3)
-    out, runs = run_chain(launcher, [str(script)], stops, tmp_path / "ck")
-    assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"
+    assert_chains_match(launcher, [str(script)], base, trace, tmp_path, seeds=(5,))
 
 
 CALLABLE_ITERATOR = """
@@ -579,6 +577,4 @@ def test_an_iterator_restored_from_its_pickle_is_not_refused_for_its_draws_after
     script = tmp_path / "callable_iterator.py"
     script.write_text(textwrap.dedent(CALLABLE_ITERATOR))
     base, trace = trace_of(launcher, [str(script)], tmp_path)
-    stops = pick_stops(trace, 3, extra=3)
-    out, runs = run_chain(launcher, [str(script)], stops, tmp_path / "ck")
-    assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"
+    assert_chains_match(launcher, [str(script)], base, trace, tmp_path, seeds=(3,))
