@@ -15,14 +15,17 @@ compiled again, holds one object per value; an identifier-like string is the int
 is what compiled code of any module uses), and the graph's memo gets land on them.
 
 Candidates: every string constant and name of the program's code whose value only one object
-has, and the identifier-like constants of the functions of the job's own modules (a helper's
-``dict(epoch=e)``). Not covered: other text constants of helper modules (``"val/acc"`` in
+has, the identifier-like constants of the functions of the job's own modules (a helper's
+``dict(epoch=e)``), and the strings libraries compare by identity (`LIBRARY_SENTINELS`:
+``argparse.SUPPRESS``, which argparse tests with ``is``: a restored parser's suppressed
+``--help`` default was another object, and ``vars(parser.parse_args())`` gained a ``help`` key). Not covered: other text constants of helper modules (``"val/acc"`` in
 ``metrics.py``), and strings made at run time.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import struct
 import sys
 import types
@@ -32,6 +35,9 @@ from typing import Any, Iterable, Iterator, Optional
 MARKER = "singularity-canonical-strings/1"
 #: the most candidates a header lists (a job folder holding a large library stops here)
 LIMIT = 50_000
+
+#: (module, name) of strings a library compares with ``is``
+LIBRARY_SENTINELS = (("argparse", "SUPPRESS"),)
 
 _RESTORE_CODE: contextvars.ContextVar[Optional[types.CodeType]] = contextvars.ContextVar("sg_canon_code",
                                                                                          default=None)
@@ -141,7 +147,8 @@ def header_for(code: Optional[types.CodeType], modules: Iterable[types.ModuleTyp
     cached = _HEADERS.get(key)
     if cached is not None and cached[0] is code and all(a is b for a, b in zip(cached[1], modules)):
         return cached[2]
-    out = dict.fromkeys(program_table(code).values())
+    out = dict.fromkeys(_library_sentinels().values())
+    out.update(dict.fromkeys(s for s in program_table(code).values() if s not in out))
     for module in modules:
         if len(out) >= LIMIT:
             break
@@ -172,8 +179,19 @@ def restoring(code: Optional[types.CodeType]) -> Iterator[None]:
         _RESTORE_CODE.reset(token)
 
 
+@functools.lru_cache(maxsize=1)
+def _library_sentinels() -> dict[str, str]:
+    """Value -> the library's own object, for each of `LIBRARY_SENTINELS` (imported: stdlib)."""
+    import importlib
+
+    return {value: value for value in (getattr(importlib.import_module(m), n) for m, n in LIBRARY_SENTINELS)}
+
+
 def resolve(value: str) -> str:
     """The restoring process's object for a header string."""
+    found = _library_sentinels().get(value)
+    if found is not None:
+        return found
     found = program_table(_RESTORE_CODE.get()).get(value)
     if found is not None:
         return found

@@ -56,7 +56,7 @@ import cloudpickle
 from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
                exit_handlers, finalizers, getattr_classes, handles, held_managers, imported_submodules, iterators,
                lazy, libraries, library_patches, module_state, open_files, ownership, process_settings, rng,
-               scoped_modes, set_layouts, training_state)
+               scoped_modes, sentinels, set_layouts, training_state)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
@@ -185,7 +185,8 @@ def _decided_by_type(obj: Any, t: type) -> bool:
     return not issubclass(t, type) and t not in (types.FunctionType, types.BuiltinFunctionType, weakref.finalize) \
         and not isinstance(obj, (io.IOBase, types.ModuleType)) and t.__name__ not in ("memmap", "NpzFile") \
         and not (torch_types is not None and isinstance(obj, torch_types.tensor)) \
-        and type(getattr(t, "_shared_state", None)) is not dict and not array_views.is_array(obj)
+        and type(getattr(t, "_shared_state", None)) is not dict and not array_views.is_array(obj) \
+        and not sentinels.named_instances(t)
 
 
 def _fill_cell(cell: types.CellType, state: tuple) -> None:
@@ -203,7 +204,7 @@ _MADE_BY_VALUE: "weakref.WeakSet[type]" = weakref.WeakSet()
 
 def _own_bases(bases: tuple) -> list[type]:
     """The classes among ``bases`` and their ancestors that a restore made from the program's code."""
-    return list({c: None for b in bases for c in b.__mro__ if c in _MADE_BY_VALUE})
+    return list({c: None for b in bases if isinstance(b, type) for c in b.__mro__ if c in _MADE_BY_VALUE})
 
 
 def _make_class_answering_to(tracker_id: Optional[str], *args: Any) -> type:
@@ -313,6 +314,9 @@ class ProxyPickler(cloudpickle.Pickler):
                 return _make_empty_cell, (), (obj.cell_contents,), None, None, _fill_cell
             except ValueError:
                 return _make_empty_cell, ()
+        sentinel = sentinels.reduce(obj, t)  # dataclasses.MISSING, compared by identity
+        if sentinel is not None:
+            return sentinel
         reduced = container_subclasses.reduce(obj, t)  # class LRU(OrderedDict) with __init__(self, cap)
         if reduced is not NotImplemented:
             return reduced
