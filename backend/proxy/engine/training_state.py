@@ -289,9 +289,10 @@ class LoaderOrigin:
     Each is a snapshot of the global generators plus the loader's own generators.
     """
 
-    __slots__ = ("loader", "mode", "full", "created", "first", "owners")
+    __slots__ = ("loader", "mode", "full", "created", "first", "owners", "base")
 
-    def __init__(self, loader: Any, mode: str, full: bool, created: tuple, owners: list) -> None:
+    def __init__(self, loader: Any, mode: str, full: bool, created: tuple, owners: list,
+                 base: Optional[tuple] = None) -> None:
         self.loader = loader
         self.mode = mode
         self.full = full
@@ -299,6 +300,9 @@ class LoaderOrigin:
         self.first: Optional[tuple] = None
         #: a custom sampler's (...) attributes at ``iter(loader)``: its __iter__ may change them
         self.owners = owners
+        #: with persistent workers, from the second ``iter(loader)`` on: the snapshot the iterator
+        #: was first made under (its workers' base seed); ``created`` is then where it was reset
+        self.base = base
 
 
 def _loader_iter_type() -> type:
@@ -341,8 +345,9 @@ def _patch_dataloader(module: Any) -> None:
     def __iter__(self: Any) -> Any:
         leaf = iterators.Leaf(0, self)
         full = iterators.classify(leaf) == "full"
+        base = kept_iterator_base(self)  # reset, not made: no base seed drawn
         origin = LoaderOrigin(self, leaf.mode, full, loader_snapshot(self, full),
-                              iterators.owner_states(iterators.iter_owners(self)))
+                              iterators.owner_states(iterators.iter_owners(self)), base)
         it = original_iter(self)  # indices a worker iterator fetches here follow from `created`
         it.__dict__[_ORIGIN] = origin
         return it
@@ -359,13 +364,21 @@ def _patch_dataloader(module: Any) -> None:
     iter_cls._next_index = _next_index
 
 
+def kept_iterator_base(loader: Any) -> Optional[tuple]:
+    """With persistent workers, the snapshot the iterator ``loader`` keeps was first made under
+    (the next ``iter(loader)`` resets it rather than make one); None when there is none."""
+    kept = getattr(loader, "_iterator", None) if loader.persistent_workers and loader.num_workers > 0 else None
+    origin = kept.__dict__.get(_ORIGIN) if kept is not None else None
+    return (origin.base or origin.created) if origin is not None else None
+
+
 def _reduce_loader_iter(it: Any) -> tuple:
     origin = it.__dict__.get(_ORIGIN)
     if origin is None:
         raise pickle.PicklingError(
             "a DataLoader iterator created before the job's engine started cannot be saved")
     return _loader_iter_shell, (type(it), origin.loader, origin.mode, origin.full, origin.created, origin.first,
-                                int(getattr(it, "_num_yielded", 0)), origin.owners)
+                                int(getattr(it, "_num_yielded", 0)), origin.owners, origin.base)
 
 
 #: iterators unpickled while a checkpoint loads, made for real once the namespace is in place
@@ -404,7 +417,7 @@ def _loader_iter_shell(cls: type, *args: Any) -> Any:
 
 
 def _rebuild_loader_iter(loader: Any, mode: str, full: bool, created: tuple, first: Optional[tuple],
-                         yielded: int, owners: list = (), into: Any = None) -> Any:
+                         yielded: int, owners: list = (), base: Optional[tuple] = None, into: Any = None) -> Any:
     """``iter(loader)`` again under the RNG it was created under, advanced to the same batch
     (made in ``into``, an empty instance of the iterator's class, when given).
 
@@ -414,15 +427,15 @@ def _rebuild_loader_iter(loader: Any, mode: str, full: bool, created: tuple, fir
     gens_now = [(g, rng.object_state(g)) for g in iterators.loader_generators(loader)]
     try:
         with iterators.as_at_start(owners, "a DataLoader iterator"):
-            return _remake_loader_iter(loader, mode, full, created, first, yielded, owners, into)
+            return _remake_loader_iter(loader, mode, full, created, first, yielded, owners, into, base)
     finally:
         for g, s in gens_now:
             rng.set_object_state(g, s)
 
 
 def _remake_loader_iter(loader: Any, mode: str, full: bool, created: tuple, first: Optional[tuple],
-                        yielded: int, owners: list, into: Any) -> Any:
-    apply_loader_snapshot(created)
+                        yielded: int, owners: list, into: Any, base: Optional[tuple] = None) -> Any:
+    apply_loader_snapshot(base if base is not None else created)
     if into is None:
         it = iter(loader)
     else:  # what DataLoader.__iter__ does, in place
@@ -432,7 +445,15 @@ def _remake_loader_iter(loader: Any, mode: str, full: bool, created: tuple, firs
             loader._iterator = it
         it.__dict__[_ORIGIN] = LoaderOrigin(loader, mode, full, created, owners)
     origin: LoaderOrigin = it.__dict__[_ORIGIN]
-    if first is not None and origin.first is None:
+    if base is not None:
+        # persistent workers after the first epoch: the uninterrupted run made this iterator
+        # once (its workers' base seed from ``base``) and reset it where the loop began; making
+        # it afresh under ``created`` drew one number more, and the sampler shuffled otherwise
+        apply_loader_snapshot(created)
+        origin.first = None
+        it._reset(loader)
+        origin.created, origin.base = created, base
+    elif first is not None and origin.first is None:
         apply_loader_snapshot(first)  # the RNG at the original's first batch, when its sampler drew its seed
         origin.first = first
     return iterators.advance_loader_iterator(it, loader, mode, yielded, 0, "a DataLoader iterator")
