@@ -173,7 +173,7 @@ def test_with_statements_a_restore_cannot_enter_again_fail_the_checkpoint_naming
         line = max(i for i, x in enumerate(lines[:line_of(body_text)], 1) if x.strip().startswith("for "))
         return [t["step"] for t in trace if t["kind"] == "loop" and t["line"] == line]
 
-    expected = [("ExitStack()", "print(\"stack\"", "ExitStack with 1 callback"),
+    expected = [("ExitStack()", "print(\"stack\"", "registered (print) in a `try: ... finally:`"),
                 ("TemporaryDirectory()", "print(\"tmp\"", "tempfile.TemporaryDirectory"),
                 ("fork_rng()", "print(\"eval\"", "torch.random.fork_rng()")]
     for with_text, body_text, named in expected:

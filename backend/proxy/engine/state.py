@@ -605,10 +605,19 @@ def _not_reenterable(manager: Any) -> Optional[str]:
     would). The restore runs the header again, so a manager whose ``__enter__`` records the
     moment it ran, or whose exit at the stop undid the block's work, cannot be carried."""
     if isinstance(manager, (contextlib.ExitStack, contextlib.AsyncExitStack)) and manager._exit_callbacks:
+        # stack.callback(fn) wraps fn (``__wrapped__``); enter_context(cm) pushes cm's bound __exit__
+        plain = [cb for _, cb in manager._exit_callbacks if hasattr(cb, "__wrapped__")]
+        names = ", ".join(sorted({getattr(cb.__wrapped__, "__qualname__", "?") for cb in plain}))
+        advice = "Open each resource in the with statement itself instead (`with open(a) as f, open(b) as g:`), " \
+                 "which a restore enters again"
+        if plain:
+            advice = (f"Call what `stack.callback(...)` registered ({names}) in a `try: ... finally:` around "
+                      f"the loop instead" + ("; open each resource in the with statement itself (`with open(a) "
+                                             "as f, open(b) as g:`), which a restore enters again"
+                                             if len(plain) < len(manager._exit_callbacks) else ""))
         return (f"a contextlib.{type(manager).__name__} with {len(manager._exit_callbacks)} callback(s) "
                 f"registered: a restore enters the statement again with an empty stack, so they would "
-                f"never run. Open each resource in the with statement itself instead (`with open(a) as f, "
-                f"open(b) as g:`), which a restore enters again")
+                f"never run. {advice}")
     if isinstance(manager, tempfile.TemporaryDirectory):
         return ("a tempfile.TemporaryDirectory: stopping the job exits the statement, which removes "
                 "the folder and what the loop wrote there. Write into a folder of the job's own (a "
