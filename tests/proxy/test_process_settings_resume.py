@@ -44,16 +44,21 @@ for step in range(12):
 """
 
 
+def _job(tmp_path, src: str) -> tuple:
+    """A job folder holding ``src`` as train.py (what it writes lands beside it), and the target."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text(textwrap.dedent(src))
+    return job, [str(job / "train.py")]
+
+
 def _outputs(folder) -> dict[str, tuple[str, int]]:
     """Each file the script wrote: its text and its permissions."""
     return {p.name: (p.read_text(), stat.S_IMODE(p.stat().st_mode)) for p in sorted((folder / "out").iterdir())}
 
 
 def test_warnings_capture_umask_time_zone_and_a_signal_handler_survive_a_chain_of_stops(launcher, tmp_path):
-    job = tmp_path / "job"
-    job.mkdir()
-    (job / "train.py").write_text(textwrap.dedent(SETTINGS))
-    target = [str(job / "train.py")]
+    job, target = _job(tmp_path, SETTINGS)
     base, trace = trace_of(launcher, target, tmp_path)
     log, files = (job / "train.log").read_text(), _outputs(job)
     assert "step 11 0o600 03:43 IST [10]" in base.stdout and "got SIGUSR1" in base.stdout, base.describe()
@@ -110,10 +115,7 @@ for step in range(10):
 
 
 def test_logger_filters_level_names_and_the_record_factory_survive_a_chain_of_stops(launcher, tmp_path):
-    job = tmp_path / "job"
-    job.mkdir()
-    (job / "train.py").write_text(textwrap.dedent(LOGGING_EXTRAS))
-    target = [str(job / "train.py")]
+    job, target = _job(tmp_path, LOGGING_EXTRAS)
     base, trace = trace_of(launcher, target, tmp_path)
     log = (job / "train.log").read_text()
     assert "NOTICE step=8 loss 92" in log and "skip" not in log, log

@@ -134,6 +134,16 @@ def _module_globals(name: str) -> dict:
     return vars(importlib.import_module(name))
 
 
+def _function_over(fn: types.FunctionType, globals_ref: Any) -> tuple:
+    """``fn`` by value, its globals not copied but ``globals_ref`` (a reference resolved on load),
+    its cells themselves (`CellType`), so closures of one factory still share theirs."""
+    state, slotstate = _function_getstate(fn)
+    slotstate["__globals__"] = {}
+    slotstate["__closure__"] = None
+    return (_make_function, (fn.__code__, globals_ref, None, None, fn.__closure__),
+            (state, slotstate), None, None, _function_setstate)
+
+
 def _rewritten_module_of(fn: types.FunctionType) -> Optional[str]:
     """The name of the module whose globals ``fn`` has, when it is a module the engine rewrote
     (its globals hold ``__sg_rt__``), else None (the program's namespace, a cell's globals)."""
@@ -271,20 +281,11 @@ class ProxyPickler(cloudpickle.Pickler):
                 and (own or not _should_pickle_by_reference(obj)):
             # the cells themselves (`CellType` below), so two closures of one factory
             # (`update, get_best = make_tracker()`) still share theirs after a restore
-            state, slotstate = _function_getstate(obj)
-            slotstate["__globals__"] = {}
-            slotstate["__closure__"] = None
-            closure = obj.__closure__
-            return (_make_function, (obj.__code__, _NamespaceRef(), None, None, closure),
-                    (state, slotstate), None, None, _function_setstate)
+            return _function_over(obj, _NamespaceRef())
         if t is types.FunctionType and RT in obj.__globals__ and not _should_pickle_by_reference(obj):
             module = _rewritten_module_of(obj)
             if module is not None:  # a closure or a replaced method of a rewritten module (a helper's)
-                state, slotstate = _function_getstate(obj)
-                slotstate["__globals__"] = {}
-                slotstate["__closure__"] = None
-                return (_make_function, (obj.__code__, _ModuleGlobalsRef(module), None, None, obj.__closure__),
-                        (state, slotstate), None, None, _function_setstate)
+                return _function_over(obj, _ModuleGlobalsRef(module))
         if own and isinstance(obj, type) and ns is not None \
                 and getattr(obj, "__module__", None) == ns.get("__name__") and ns.get(obj.__name__) is obj:
             reduced = list(_dynamic_class_reduce(obj))
@@ -607,17 +608,17 @@ def _not_reenterable(manager: Any) -> Optional[str]:
     if isinstance(manager, (contextlib.ExitStack, contextlib.AsyncExitStack)) and manager._exit_callbacks:
         # stack.callback(fn) wraps fn (``__wrapped__``); enter_context(cm) pushes cm's bound __exit__
         plain = [cb for _, cb in manager._exit_callbacks if hasattr(cb, "__wrapped__")]
-        names = ", ".join(sorted({getattr(cb.__wrapped__, "__qualname__", "?") for cb in plain}))
-        advice = "Open each resource in the with statement itself instead (`with open(a) as f, open(b) as g:`), " \
-                 "which a restore enters again"
+        advice = []
         if plain:
-            advice = (f"Call what `stack.callback(...)` registered ({names}) in a `try: ... finally:` around "
-                      f"the loop instead" + ("; open each resource in the with statement itself (`with open(a) "
-                                             "as f, open(b) as g:`), which a restore enters again"
-                                             if len(plain) < len(manager._exit_callbacks) else ""))
+            names = ", ".join(sorted({getattr(cb.__wrapped__, "__qualname__", "?") for cb in plain}))
+            advice.append(f"Call what `stack.callback(...)` registered ({names}) in a `try: ... finally:` "
+                          f"around the loop instead")
+        if len(plain) < len(manager._exit_callbacks):
+            advice.append("Open each resource in the with statement itself instead (`with open(a) as f, "
+                          "open(b) as g:`), which a restore enters again")
         return (f"a contextlib.{type(manager).__name__} with {len(manager._exit_callbacks)} callback(s) "
                 f"registered: a restore enters the statement again with an empty stack, so they would "
-                f"never run. {advice}")
+                f"never run. {'. '.join(advice)}")
     if isinstance(manager, tempfile.TemporaryDirectory):
         return ("a tempfile.TemporaryDirectory: stopping the job exits the statement, which removes "
                 "the folder and what the loop wrote there. Write into a folder of the job's own (a "
