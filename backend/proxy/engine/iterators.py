@@ -34,7 +34,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
-from . import item_digest, lazy, manual_next, ownership, replay_effects, rng
+from . import item_digest, lazy, manual_next, ownership, replay_effects, rng, worker_rng
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -423,11 +423,14 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
         if leaf.kind == "seq":
             return {"how": "seq", "index": leaf.index, "iterable": leaf.value}
         if leaf.kind == "dataloader":
-            if leaf.value.persistent_workers and leaf.value.num_workers > 0:
+            if (leaf.value.persistent_workers and leaf.value.num_workers > 0
+                    and worker_rng.recorder_of(leaf.iterator) is None):
                 warnings.warn(
-                    f"the loop at line {line} iterates a DataLoader with persistent_workers=True: a restore "
-                    f"starts new workers, so randomness drawn inside the workers after the loader's first "
-                    f"epoch will differ from an uninterrupted run", RuntimeWarning, stacklevel=2)
+                    f"the loop at line {line} iterates a DataLoader with persistent_workers=True whose workers "
+                    f"were not forked (multiprocessing_context={leaf.value.multiprocessing_context!r}): a "
+                    f"restore starts new workers, so randomness drawn inside the workers after the loader's "
+                    f"first epoch will differ from an uninterrupted run; leave the context at its default "
+                    f"('fork') to have their generators saved", RuntimeWarning, stacklevel=2)
             if leaf.mode == "replay" and leaf.value.num_workers == 0:
                 refuse_draws(leaf, text, loader=True)
             if LOADER_ORIGIN in getattr(leaf.iterator, "__dict__", {}):
@@ -467,6 +470,27 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
                 "children": [walk(c) for c in tree.children]}
 
     return {"tree": walk(source.tree), "rng": source.rng, "generators": source.generators, "owners": source.owners}
+
+
+def reiterated_loaders(position: Sequence[dict]) -> dict[int, bool]:
+    """The DataLoaders that loops of ``position`` will iterate again at a restore (``iter(loader)``
+    then skip or replay; a loop over accelerate's prepared loader, whose iterator is a generator),
+    by id: whether the loop has taken an item yet (so called ``iter()`` on the loader)."""
+    found: dict[int, bool] = {}
+
+    def walk(node: dict, began: bool) -> None:
+        if node.get("how") == "dataloader":
+            found[id(node["loader"])] = began
+            inner = getattr(node["loader"], "base_dataloader", None)  # accelerate's DataLoaderAdapter
+            if inner is not None:
+                found[id(inner)] = began
+        for child in node.get("children", ()):
+            walk(child, began)
+
+    for rec in position:
+        if rec.get("kind") == "for" and rec.get("source"):
+            walk(rec["source"]["tree"], rec.get("fetched", 0) > 0)
+    return found
 
 
 #: the leaves a restore may replay: a DataLoader in replay mode is one, in its own state or pickled

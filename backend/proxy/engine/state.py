@@ -23,7 +23,8 @@ Our pickler extends cloudpickle in four ways:
 * open regular files are saved with their place and written bytes and re-opened (open_files.py)
   instead of being silently turned into a StringIO (cloudpickle's default); other streams raise,
   and closed files (left behind by ``with open(...) as f``) come back as a `ClosedFile` placeholder;
-* a DataLoader is pickled without its live persistent-workers iterator.
+* a DataLoader keeps the persistent-workers iterator it holds (training_state.py re-makes it,
+  worker_rng.py puts its workers' generators back).
 
 When the state cannot be pickled every variable is probed on its own (storages are not copied by
 the probe); variables created by one already executed simple top-level statement are rebuilt on
@@ -346,7 +347,10 @@ class ProxyPickler(cloudpickle.Pickler):
                 return reduced
         if lazy.is_dataloader(obj):
             state = dict(obj.__dict__)
-            state["_iterator"] = None  # a live persistent-workers iterator; recreated by iter()
+            kept = state.pop("_iterator", None)
+            state["_iterator"] = None  # one made before the engine started is recreated by iter()
+            if kept is not None and iterators.LOADER_ORIGIN in kept.__dict__:
+                training_state.note_kept_iterator(obj, kept)
             if obj.__class__ is not t:  # accelerate's DataLoaderShard says it is a DataLoader
                 return libraries.new_instance, (t,), state
             return copyreg.__newobj__, (t,), state
@@ -955,6 +959,7 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         "set_layouts": set_layouts.Pending(),
     }
     tail.roots = [graph["namespace"], graph["locals"], graph["modules"], position]
+    tail.reiterated = iterators.reiterated_loaders(position)
     return graph
 
 

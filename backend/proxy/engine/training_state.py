@@ -38,7 +38,7 @@ import sys
 import weakref
 from typing import Any, Iterator, Optional
 
-from . import autograd_graphs, canonical_strings, id_keys, iterators, lazy, rng
+from . import autograd_graphs, canonical_strings, id_keys, iterators, lazy, rng, worker_rng
 
 _NOTES: contextvars.ContextVar[Optional["Tail"]] = contextvars.ContextVar("sg_training_tail", default=None)
 
@@ -54,6 +54,13 @@ class Tail:
         self.roots: list[Any] = []
         self.optimizers: dict[int, Any] = {}
         self.scalers: list[tuple[Any, dict[int, Any]]] = []
+        #: (DataLoader, the persistent-workers iterator it keeps): pickled here rather than in the
+        #: loader's state, where the iterator (whose reduction names the loader) would be reached
+        #: in a cycle and saved twice, one copy for the loop and another for the loader
+        self.kept_iterators: list[tuple[Any, Any]] = []
+        #: DataLoaders a loop iterates again at restore (iterators.reiterated_loaders), by id:
+        #: whether the loop has begun; if so, their kept iterator is saved as it was before it began
+        self.reiterated: dict[int, bool] = {}
 
     def __enter__(self) -> "Tail":
         self._token = _NOTES.set(self)
@@ -85,7 +92,9 @@ class Tail:
                     "optimizer that is not part of the job's state; checkpoint at the next iteration")
             scalers.append((scaler, [(self.optimizers[k], v) for k, v in states.items()]))
         rekeys = id_keys.find(self.roots, self._seen)  # {id(p): ...}: keyed again by the new ids
-        return _attach, (self.grads, scalers, self.hooks, _next_hook_id(), rekeys)
+        kept = [(loader, _KeptAtLoopStart(it) if self.reiterated.get(id(loader)) else it)
+                for loader, it in self.kept_iterators]
+        return _attach, (self.grads, scalers, self.hooks, _next_hook_id(), rekeys, kept)
 
 
 def _next_hook_id() -> int:
@@ -102,8 +111,21 @@ def note_tensor(t: Any) -> Optional[tuple]:
     return autograd_graphs.cut_reduction(t) if t.grad_fn is not None else None
 
 
-def _attach(grads: list, scalers: list, hooks: list = (), next_hook_id: int = 0, rekeys: list = ()) -> None:
+def note_kept_iterator(loader: Any, it: Any) -> bool:
+    """Save ``loader``'s kept iterator with the tail; False when no checkpoint is being written."""
+    tail = _NOTES.get()
+    if tail is None:
+        return False
+    tail.kept_iterators.append((loader, it))
+    return True
+
+
+def _attach(grads: list, scalers: list, hooks: list = (), next_hook_id: int = 0, rekeys: list = (),
+            kept_iterators: list = ()) -> None:
     id_keys.rekey(rekeys)
+    for loader, it in kept_iterators:
+        if it is not None:
+            loader._iterator = it  # a shell until `finish_loading` makes it in place
     for t, g in grads:
         t.grad = g
     for t, backward, post in hooks:
@@ -362,6 +384,7 @@ def _patch_dataloader(module: Any) -> None:
     __iter__._sg_patched = True  # type: ignore[attr-defined]
     loader_cls.__iter__ = __iter__
     iter_cls._next_index = _next_index
+    worker_rng.install(module)
 
 
 def kept_iterator_base(loader: Any) -> Optional[tuple]:
@@ -378,7 +401,30 @@ def _reduce_loader_iter(it: Any) -> tuple:
         raise pickle.PicklingError(
             "a DataLoader iterator created before the job's engine started cannot be saved")
     return _loader_iter_shell, (type(it), origin.loader, origin.mode, origin.full, origin.created, origin.first,
-                                int(getattr(it, "_num_yielded", 0)), origin.owners, origin.base)
+                                int(getattr(it, "_num_yielded", 0)), origin.owners, origin.base,
+                                worker_rng.saved_states(it))
+
+
+class _KeptAtLoopStart:
+    """The persistent-workers iterator a DataLoader keeps, saved as it was before the loop iterating
+    the loader began its epoch: that loop's restore calls ``iter(loader)`` again, which must reset an
+    iterator its previous epoch ended (or, in the first epoch, make one), not the one the loop had
+    reached."""
+
+    def __init__(self, it: Any) -> None:
+        self.it = it
+
+    def __reduce__(self) -> tuple:
+        origin = self.it.__dict__.get(_ORIGIN)
+        if origin is None or origin.base is None:  # the loop made it: none was kept yet
+            return _none, ()
+        states = worker_rng.states_of(self.it, worker_rng.START)
+        return _loader_iter_shell, (type(self.it), origin.loader, origin.mode, origin.full, origin.base, None, 0,
+                                    origin.owners, origin.base, ("ended", states))
+
+
+def _none() -> None:
+    return None
 
 
 #: iterators unpickled while a checkpoint loads, made for real once the namespace is in place
@@ -417,7 +463,8 @@ def _loader_iter_shell(cls: type, *args: Any) -> Any:
 
 
 def _rebuild_loader_iter(loader: Any, mode: str, full: bool, created: tuple, first: Optional[tuple],
-                         yielded: int, owners: list = (), base: Optional[tuple] = None, into: Any = None) -> Any:
+                         yielded: int, owners: list = (), base: Optional[tuple] = None,
+                         workers: Optional[tuple] = None, into: Any = None) -> Any:
     """``iter(loader)`` again under the RNG it was created under, advanced to the same batch
     (made in ``into``, an empty instance of the iterator's class, when given).
 
@@ -427,14 +474,15 @@ def _rebuild_loader_iter(loader: Any, mode: str, full: bool, created: tuple, fir
     gens_now = [(g, rng.object_state(g)) for g in iterators.loader_generators(loader)]
     try:
         with iterators.as_at_start(owners, "a DataLoader iterator"):
-            return _remake_loader_iter(loader, mode, full, created, first, yielded, owners, into, base)
+            return _remake_loader_iter(loader, mode, full, created, first, yielded, owners, into, base, workers)
     finally:
         for g, s in gens_now:
             rng.set_object_state(g, s)
 
 
 def _remake_loader_iter(loader: Any, mode: str, full: bool, created: tuple, first: Optional[tuple],
-                        yielded: int, owners: list, into: Any, base: Optional[tuple] = None) -> Any:
+                        yielded: int, owners: list, into: Any, base: Optional[tuple] = None,
+                        workers: Optional[tuple] = None) -> Any:
     apply_loader_snapshot(base if base is not None else created)
     if into is None:
         it = iter(loader)
@@ -445,7 +493,21 @@ def _remake_loader_iter(loader: Any, mode: str, full: bool, created: tuple, firs
             loader._iterator = it
         it.__dict__[_ORIGIN] = LoaderOrigin(loader, mode, full, created, owners)
     origin: LoaderOrigin = it.__dict__[_ORIGIN]
+    which, states = workers if workers is not None else (None, None)
+    recorder = worker_rng.recorder_of(it)
+    if which == "ended":
+        # persistent workers whose loop had ended: the next ``iter(loader)`` resets this iterator
+        # (no replay of the epoch), and its new workers begin that epoch where the old ones stopped
+        if recorder is not None and states:
+            recorder.override(states, it.__dict__[worker_rng.EPOCH] + 1)
+        origin.created, origin.base = created, base
+        it.__dict__[worker_rng.ENDED] = True
+        it._num_yielded = yielded
+        return it
     if base is not None:
+        if which == "inside" and recorder is not None and states:
+            # the epoch's replay starts from the generators the old workers began it with
+            recorder.override(states, it.__dict__[worker_rng.EPOCH] + 1)
         # persistent workers after the first epoch: the uninterrupted run made this iterator
         # once (its workers' base seed from ``base``) and reset it where the loop began; making
         # it afresh under ``created`` drew one number more, and the sampler shuffled otherwise

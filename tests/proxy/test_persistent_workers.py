@@ -1,0 +1,146 @@
+"""DataLoaders with ``persistent_workers=True``: their workers keep their random generators from
+epoch to epoch, so a restore must start new workers where the old ones were (worker_rng.py).
+
+The programs draw in ``__getitem__`` as random augmentations do (torch, python and numpy), and the
+chains stop inside later epochs and between two epochs, where the loader keeps an iterator its
+loop has finished. Before, a stop between epochs shuffled the next epoch otherwise (silently), and
+one inside a later epoch was refused at restore or gave other augmentations."""
+import textwrap
+
+import pytest
+
+from harness import Launcher, run_chain, trace_of
+
+AUGMENTED = """
+import random
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Augmented(Dataset):
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return i + torch.rand(1).item() + random.random() + float(np.random.rand())
+
+
+torch.manual_seed(0)
+loader = DataLoader(Augmented(), batch_size=2, shuffle=True, num_workers=2, persistent_workers=True)
+for epoch in range(3):
+    for x in loader:
+        print(epoch, [round(v, 6) for v in x.tolist()], flush=True)
+    print("epoch", epoch, torch.rand(1).item(), flush=True)
+"""
+
+STREAM_WITH_BREAK = """
+import random
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        info = get_worker_info()
+        for i in range(info.id, 10, info.num_workers):
+            yield i + random.random() + torch.rand(1).item()
+
+
+torch.manual_seed(1)
+loader = DataLoader(Stream(), batch_size=2, num_workers=2, persistent_workers=True)
+for epoch in range(3):
+    for i, x in enumerate(loader):
+        print(epoch, i, [round(v, 6) for v in x.tolist()], flush=True)
+        if epoch == 1 and i == 1:
+            break
+"""
+
+
+ACCELERATE = """
+import random
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader, Dataset
+
+
+class Augmented(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.tensor([i + torch.rand(1).item() + random.random()])
+
+
+def main():
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(Augmented(), batch_size=2, shuffle=True, num_workers=2, persistent_workers=True)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    for epoch in range(3):
+        for x in loader:
+            loss = model(x).pow(2).mean()
+            accelerator.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            print(epoch, [round(v, 5) for v in x.flatten().tolist()], round(loss.item(), 5), flush=True)
+        print("epoch", epoch, flush=True)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.fixture(scope="module")
+def launcher():
+    la = Launcher()
+    yield la
+    la.close()
+
+
+def _at(trace: list, *loops: int) -> int:
+    """The safe point where the loop counters are ``loops``: ``(2,)`` is the top of the outer loop
+    after two epochs (the kept iterator has ended), ``(3, 0)`` the inner loop's header in the third
+    epoch before its first batch, ``(3, 4)`` after its fourth."""
+    return next(t["step"] for t in trace if t["kind"] == "loop" and tuple(t["loops"]) == loops)
+
+
+def _check(launcher, tmp_path, source: str, chains) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(source))
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    for n, pick in enumerate(chains):
+        stops = pick(trace)
+        out, runs = run_chain(launcher, [str(script)], stops, tmp_path / f"ck{n}")
+        assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"
+
+
+def test_augmentations_in_workers_resume_exactly_in_later_epochs_and_between_epochs(launcher, tmp_path):
+    _check(launcher, tmp_path, AUGMENTED, [
+        lambda tr: [_at(tr, 1)],  # between the first two epochs: the kept iterator has ended
+        lambda tr: [_at(tr, 2, 2), _at(tr, 2), _at(tr, 3, 4)],
+        lambda tr: [_at(tr, 1, 3), _at(tr, 3, 0), _at(tr, 3, 1)],
+    ])
+
+
+def test_an_iterable_dataset_whose_loop_breaks_resumes_exactly(launcher, tmp_path):
+    """The loop breaks in the second epoch with batches still in flight in the workers: the next
+    epoch begins after them, so the restore replays the broken epoch from its start states."""
+    _check(launcher, tmp_path, STREAM_WITH_BREAK, [
+        lambda tr: [_at(tr, 2)],  # after the broken epoch
+        lambda tr: [_at(tr, 2, 1), _at(tr, 3, 1)],
+    ])
+
+
+def test_accelerate_prepared_loader_with_persistent_workers_resumes_exactly(launcher, tmp_path):
+    """accelerate's loader iterates through a generator, so a restore calls ``iter(loader)`` again
+    and replays: the iterator the base loader keeps is saved as it was before the loop's epoch
+    began (none in the first epoch; in later ones, the previous epoch's, ended)."""
+    pytest.importorskip("accelerate")
+    _check(launcher, tmp_path, ACCELERATE, [
+        lambda tr: [_at(tr, 1, 3), _at(tr, 2, 2), _at(tr, 3, 0)],
+        lambda tr: [_at(tr, 2), _at(tr, 3, 3)],
+    ])
