@@ -9,7 +9,7 @@ the job (an anonymous shared mapping made before the workers fork):
 
 * ``start``: at each epoch's start (each time the worker makes its fetcher: at its start and at
   every ``iter(loader)`` that resets the kept iterator);
-* ``latest``: after each batch it loads (about 50 us against a batch's milliseconds);
+* ``latest``: after each batch it loads (70 us, against a batch's milliseconds);
 * ``override``: written by the job at a restore, put into the generators by the worker when it
   makes its fetcher for the epoch numbered in the slot.
 
