@@ -1,7 +1,9 @@
 """Monkeypatches made where research code makes them, through a chain of stops: DeiT's and DETR's
 ``utils.setup_for_distributed`` replaces ``builtins.print`` from a function of a helper module
 (``import builtins as __builtin__`` inside it), a helper patches ``F.relu`` with ``setattr``,
-and the script wraps ``builtins.print`` itself. Each was lost at a restore (output without the
+another swaps ``F.gelu`` through
+``importlib.import_module`` and ``F.silu``/``F.mish`` in a loop over their names, and the script
+wraps ``builtins.print`` itself. Each was lost at a restore (output without the
 prefix, the unpatched activation), and the wrapper could not be saved at all: its closure keeps
 the original ``print``, which pickle looks for in ``builtins`` and finds replaced."""
 from __future__ import annotations
@@ -32,6 +34,21 @@ def soften_relu(factor):
         return original(x, inplace=inplace) * factor
 
     setattr(F, "relu", relu)
+
+
+def fast_activations():
+    import importlib
+    functional = importlib.import_module("torch.nn.functional")
+    exact_gelu = functional.gelu
+    functional.gelu = lambda x, approximate="none": exact_gelu(x, approximate="tanh")
+    for name in ("silu", "mish"):
+        setattr(functional, name, _halved(getattr(functional, name)))
+
+
+def _halved(fn):
+    def halved(x, inplace=False):
+        return fn(x) * 0.5
+    return halved
 """
 
 TRAIN = """
@@ -50,11 +67,12 @@ builtins.print = stamped
 def main():
     utils.setup_for_distributed(True)
     utils.soften_relu(0.5)
+    utils.fast_activations()
     torch.manual_seed(0)
     w = torch.randn(3, 3)
     x = torch.randn(4, 3)
     for step in range(8):
-        x = F.relu(x @ w) + 0.25 * torch.tanh(x)
+        x = F.relu(x @ w) + 0.25 * torch.tanh(x) + 0.1 * (F.gelu(x) + F.silu(x) + F.mish(x))
         print(step, f"{x.sum().item():.6f}", flush=True)
 
 main()

@@ -13,8 +13,10 @@ setting again changes nothing. Attributes of ``sys`` are process_settings.py's.
 Patches are made in the shapes research code makes them, and each is found: ``setattr(F,
 "gelu", my_gelu)`` with a constant name counts as an assignment; the job's own helper modules
 are scanned as the script is (DeiT's and DETR's ``utils.setup_for_distributed`` replaces
-``builtins.print`` from a function of ``utils.py``); and a name that is no global (``import
-builtins as __builtin__`` inside that function) is looked up through the imports the file makes.
+``builtins.print`` from a function of ``utils.py``); a name that is no global (``import
+builtins as __builtin__`` inside that function, ``mod = importlib.import_module("...")``) is looked
+up through the imports the file makes; and ``for name in ("relu", "gelu"): setattr(F, name, ...)``
+counts for each name of the literal.
 """
 from __future__ import annotations
 
@@ -46,15 +48,22 @@ def candidates(tree: ast.AST) -> tuple[Candidate, ...]:
     """``(name parts, attribute)`` of every assignment to ``a.b.attr`` in ``tree`` (any depth),
     and of every ``setattr(a.b, "attr", value)`` with a constant name."""
     found: set[Candidate] = set()
+    looped = _looped_names(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
             targets = list(node.targets)
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             targets = [node.target]
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" \
-                and len(node.args) == 3 and isinstance(node.args[1], ast.Constant) \
-                and isinstance(node.args[1].value, str):
-            targets = [ast.Attribute(value=node.args[0], attr=node.args[1].value, ctx=ast.Store())]
+                and len(node.args) == 3:
+            name = node.args[1]
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                attrs = [name.value]
+            elif isinstance(name, ast.Name):  # for name in ("relu", "gelu"): setattr(F, name, ...)
+                attrs = looped.get(name.id, [])
+            else:
+                attrs = []
+            targets = [ast.Attribute(value=node.args[0], attr=a, ctx=ast.Store()) for a in attrs]
         else:
             continue
         while targets:
@@ -66,6 +75,33 @@ def candidates(tree: ast.AST) -> tuple[Candidate, ...]:
                 if owner and owner[0] not in ("self", "cls") and not owner[0].startswith("__sg"):
                     found.add((owner, target.attr))
     return tuple(sorted(found))
+
+
+def _looped_names(tree: ast.AST) -> dict[str, list[str]]:
+    """Each name a ``for`` statement binds to the strings of a literal tuple or list."""
+    names: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Name) \
+                and isinstance(node.iter, (ast.Tuple, ast.List)):
+            strings = [e.value for e in node.iter.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            names.setdefault(node.target.id, []).extend(strings)
+    return names
+
+
+def _module_named_by(value: ast.expr) -> Optional[str]:
+    """The module ``importlib.import_module("a.b")``, ``__import__("a")`` or ``sys.modules["a.b"]``
+    with a constant name evaluates to; None for anything else."""
+    if isinstance(value, ast.Subscript) and _dotted(value.value) == ("sys", "modules") \
+            and isinstance(value.slice, ast.Constant) and isinstance(value.slice.value, str):
+        return value.slice.value
+    if isinstance(value, ast.Call) and len(value.args) == 1 and isinstance(value.args[0], ast.Constant) \
+            and isinstance(value.args[0].value, str):
+        func = _dotted(value.func)
+        if func in (("importlib", "import_module"), ("import_module",)):
+            return value.args[0].value
+        if func == ("__import__",):
+            return value.args[0].value.partition(".")[0]  # __import__("a.b") returns a
+    return None
 
 
 def imported_names(tree: ast.AST) -> dict[str, str]:
@@ -82,6 +118,10 @@ def imported_names(tree: ast.AST) -> dict[str, str]:
             for alias in node.names:
                 if alias.name != "*":
                     names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            module = _module_named_by(node.value)  # mod = importlib.import_module("torch.nn.functional")
+            if module is not None:
+                names[node.targets[0].id] = module
     return names
 
 
