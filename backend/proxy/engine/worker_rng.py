@@ -28,6 +28,7 @@ import multiprocessing
 import pickle
 import random
 import struct
+import sys
 import time
 from typing import Any, Optional
 
@@ -41,7 +42,7 @@ ENDED = "_sg_loader_ended"  # its loop ran it to StopIteration; cleared when it 
 #: set in the job while an iterator forks its workers; what those workers record into
 _FORKING: Optional[tuple[int, "Recorder"]] = None
 _tokens = itertools.count(1)
-#: in a worker: (token, fetchers made so far)
+#: in a worker: its iterator's token -> how many fetchers it has made (its epoch)
 _made: dict[int, int] = {}
 
 
@@ -55,7 +56,7 @@ class Recorder:
     def _at(self, worker: int, slot: int) -> int:
         return (worker * 3 + slot) * SLOT
 
-    def write(self, worker: int, slot: int, tag: int, payload: bytes) -> bool:
+    def write(self, worker: int, slot: int, tag: int, payload: bytes) -> None:
         if len(payload) > SLOT - _HEADER.size:
             payload = b""  # too large to record: read back as missing
         at = self._at(worker, slot)
@@ -63,7 +64,6 @@ class Recorder:
         _HEADER.pack_into(self.memory, at, seq + 1, tag, 0)
         self.memory[at + _HEADER.size:at + _HEADER.size + len(payload)] = payload
         _HEADER.pack_into(self.memory, at, seq + 2, tag, len(payload))
-        return bool(payload)
 
     def read(self, worker: int, slot: int) -> tuple[int, bytes]:
         at = self._at(worker, slot)
@@ -78,7 +78,7 @@ class Recorder:
 
     def states(self, slot: int, epoch: int, wait_s: float = 10.0) -> Optional[list[bytes]]:
         """Every worker's states of ``slot`` tagged ``epoch``; None when a worker has none (it
-        failed to record, or its epoch did not start within ``wait_s``)."""
+        failed to record them, or its epoch did not start within ``wait_s``: a worker that died)."""
         deadline = time.monotonic() + wait_s
         out = []
         for worker in range(self.workers):
@@ -87,8 +87,8 @@ class Recorder:
                 if tag == epoch and payload:
                     out.append(payload)
                     break
-                if tag > epoch or time.monotonic() > deadline:
-                    return None
+                if (tag == epoch and not payload) or tag > epoch or time.monotonic() > deadline:
+                    return None  # the worker could not record them, or has gone on
                 time.sleep(0.001)
         return out
 
@@ -100,21 +100,28 @@ class Recorder:
 
 # --------------------------------------------------------------------------- in the workers
 def _capture() -> bytes:
-    import numpy.random
-    import torch
+    """The worker's generators, pickled; empty when they cannot be read (read back as missing)."""
+    try:
+        import torch
 
-    return pickle.dumps((torch.get_rng_state().numpy().tobytes(), random.getstate(),
-                         numpy.random.get_state()), protocol=pickle.HIGHEST_PROTOCOL)
+        np_random = sys.modules.get("numpy.random")
+        return pickle.dumps((torch.get_rng_state().numpy().tobytes(), random.getstate(),
+                             np_random.get_state() if np_random is not None else None),
+                            protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - recording must never break the job's data loading
+        return b""
 
 
 def _apply(payload: bytes) -> None:
-    import numpy.random
     import torch
 
     t, py, np_state = pickle.loads(payload)
     torch.set_rng_state(torch.frombuffer(bytearray(t), dtype=torch.uint8))
     random.setstate(py)
-    numpy.random.set_state(np_state)
+    if np_state is not None:
+        import numpy.random
+
+        numpy.random.set_state(np_state)
 
 
 def worker_made_fetcher(fetcher: Any) -> Any:
