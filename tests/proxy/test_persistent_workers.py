@@ -57,6 +57,23 @@ for epoch in range(3):
 """
 
 
+ENDED_THEN_NEXT = """
+import random
+import torch
+from torch.utils.data import DataLoader
+
+torch.manual_seed(0)
+loader = DataLoader([float(i) for i in range(6)], batch_size=2, shuffle=True, num_workers=2,
+                    persistent_workers=True, collate_fn=lambda b: [v + random.random() for v in b])
+it = iter(loader)
+for x in it:
+    print("a", [round(v, 5) for v in x], flush=True)
+for k in range(3):
+    print("after", k, next(it, "done"), flush=True)
+for x in loader:
+    print("b", [round(v, 5) for v in x], flush=True)
+"""
+
 ACCELERATE = """
 import random
 import torch
@@ -144,3 +161,14 @@ def test_accelerate_prepared_loader_with_persistent_workers_resumes_exactly(laun
         lambda tr: [_at(tr, 1, 3), _at(tr, 2, 2), _at(tr, 3, 0)],
         lambda tr: [_at(tr, 2), _at(tr, 3, 3)],
     ])
+
+
+def test_an_ended_iterator_stays_ended_after_a_restore(launcher, tmp_path):
+    """``next(it, "done")`` on the kept iterator its loop ran to the end: a restore made it anew
+    with batches in flight, and ``next`` gave one of them instead of ``"done"``."""
+    line = textwrap.dedent(ENDED_THEN_NEXT).splitlines().index("for k in range(3):") + 1
+
+    def after(trace: list, k: int) -> int:
+        return next(t["step"] for t in trace if t["kind"] == "loop" and t["line"] == line and t["loops"] == [k])
+
+    _check(launcher, tmp_path, ENDED_THEN_NEXT, [lambda tr: [after(tr, 0), after(tr, 2)]])

@@ -503,6 +503,10 @@ def _remake_loader_iter(loader: Any, mode: str, full: bool, created: tuple, firs
         origin.created, origin.base = created, base
         it.__dict__[worker_rng.ENDED] = True
         it._num_yielded = yielded
+        # ended as the original was: ``next(it)`` raises StopIteration (the batches its creation
+        # asked the workers for are dropped by the next reset, as a reset drops any in flight)
+        it._sampler_iter = iter(())
+        it._rcvd_idx = it._send_idx
         return it
     if base is not None:
         if which == "inside" and recorder is not None and states:
