@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from harness import Launcher, run_chain, trace_of
+from harness import run_chain, trace_of
 
 AUGMENTED = """
 import random
@@ -109,13 +109,6 @@ def main():
 if __name__ == "__main__":
     main()
 """
-
-
-@pytest.fixture(scope="module")
-def launcher():
-    la = Launcher()
-    yield la
-    la.close()
 
 
 def _at(trace: list, *loops: int) -> int:
