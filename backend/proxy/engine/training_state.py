@@ -111,13 +111,11 @@ def note_tensor(t: Any) -> Optional[tuple]:
     return autograd_graphs.cut_reduction(t) if t.grad_fn is not None else None
 
 
-def note_kept_iterator(loader: Any, it: Any) -> bool:
-    """Save ``loader``'s kept iterator with the tail; False when no checkpoint is being written."""
+def note_kept_iterator(loader: Any, it: Any) -> None:
+    """Save ``loader``'s kept iterator with the tail (when a checkpoint is being written)."""
     tail = _NOTES.get()
-    if tail is None:
-        return False
-    tail.kept_iterators.append((loader, it))
-    return True
+    if tail is not None:
+        tail.kept_iterators.append((loader, it))
 
 
 def _attach(grads: list, scalers: list, hooks: list = (), next_hook_id: int = 0, rekeys: list = (),
@@ -400,9 +398,15 @@ def _reduce_loader_iter(it: Any) -> tuple:
     if origin is None:
         raise pickle.PicklingError(
             "a DataLoader iterator created before the job's engine started cannot be saved")
-    return _loader_iter_shell, (type(it), origin.loader, origin.mode, origin.full, origin.created, origin.first,
-                                int(getattr(it, "_num_yielded", 0)), origin.owners, origin.base,
-                                worker_rng.saved_states(it))
+    return _shell_of(it, origin, origin.created, origin.first, int(getattr(it, "_num_yielded", 0)),
+                     worker_rng.saved_states(it))
+
+
+def _shell_of(it: Any, origin: "LoaderOrigin", created: tuple, first: Optional[tuple], yielded: int,
+              workers: Optional[tuple]) -> tuple:
+    """The reduction that makes ``it`` again (`_rebuild_loader_iter`) from ``created`` at ``yielded``."""
+    return _loader_iter_shell, (type(it), origin.loader, origin.mode, origin.full, created, first, yielded,
+                                origin.owners, origin.base, workers)
 
 
 class _KeptAtLoopStart:
@@ -418,9 +422,8 @@ class _KeptAtLoopStart:
         origin = self.it.__dict__.get(_ORIGIN)
         if origin is None or origin.base is None:  # the loop made it: none was kept yet
             return _none, ()
-        states = worker_rng.states_of(self.it, worker_rng.START)
-        return _loader_iter_shell, (type(self.it), origin.loader, origin.mode, origin.full, origin.base, None, 0,
-                                    origin.owners, origin.base, ("ended", states))
+        return _shell_of(self.it, origin, origin.base, None, 0,
+                         ("ended", worker_rng.states_of(self.it, worker_rng.START)))
 
 
 def _none() -> None:
