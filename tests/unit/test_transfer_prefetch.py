@@ -138,7 +138,9 @@ def test_a_copy_damaged_in_the_store_is_installed_as_it_is_there_and_refused_at_
     remote = store / "job" / local.name
     remote.mkdir(parents=True)
     (remote / "rank-0.pt").write_bytes(bytes([good[0] ^ 0xFF]) + good[1:])  # same size, one byte flipped
-    (remote / "manifest.json").write_bytes((local / "manifest.json").read_bytes())  # last, as an upload does
+    # last and whole, as an upload does (written in place, the poller could read it half written)
+    (remote / "manifest.tmp").write_bytes((local / "manifest.json").read_bytes())
+    os.replace(remote / "manifest.tmp", remote / "manifest.json")
     assert set(prefetch.finish()) == {6}
     installed = tmp_path / "dst" / "job" / local.name
     assert installed.joinpath("rank-0.pt").read_bytes() == (remote / "rank-0.pt").read_bytes()
