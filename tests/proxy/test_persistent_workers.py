@@ -59,12 +59,20 @@ for epoch in range(3):
 
 ENDED_THEN_NEXT = """
 import random
+import time
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
+
+
+def noisy(batch):
+    if get_worker_info().id == 1:
+        time.sleep(1.5)  # a slow worker: a restore's checkpoint comes before it loads its batch
+    return [v + random.random() for v in batch]
+
 
 torch.manual_seed(0)
 loader = DataLoader([float(i) for i in range(6)], batch_size=2, shuffle=True, num_workers=2,
-                    persistent_workers=True, collate_fn=lambda b: [v + random.random() for v in b])
+                    persistent_workers=True, collate_fn=noisy)
 it = iter(loader)
 for x in it:
     print("a", [round(v, 5) for v in x], flush=True)
@@ -158,7 +166,9 @@ def test_accelerate_prepared_loader_with_persistent_workers_resumes_exactly(laun
 
 def test_an_ended_iterator_stays_ended_after_a_restore(launcher, tmp_path):
     """``next(it, "done")`` on the kept iterator its loop ran to the end: a restore made it anew
-    with batches in flight, and ``next`` gave one of them instead of ``"done"``."""
+    with batches in flight, and ``next`` gave one of them instead of ``"done"``. A second stop
+    before the next epoch carries the states the first restore set for it: the new workers' own,
+    read while the slow one had not yet loaded the batch it was sent, made its next epoch differ."""
     line = textwrap.dedent(ENDED_THEN_NEXT).splitlines().index("for k in range(3):") + 1
 
     def after(trace: list, k: int) -> int:

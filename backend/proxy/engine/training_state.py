@@ -501,10 +501,8 @@ def _remake_loader_iter(loader: Any, mode: str, full: bool, created: tuple, firs
     if which == "ended":
         # persistent workers whose loop had ended: the next ``iter(loader)`` resets this iterator
         # (no replay of the epoch), and its new workers begin that epoch where the old ones stopped
-        if recorder is not None and states:
-            recorder.override(states, it.__dict__[worker_rng.EPOCH] + 1)
+        worker_rng.resume_ended(it, states)
         origin.created, origin.base = created, base
-        it.__dict__[worker_rng.ENDED] = True
         it._num_yielded = yielded
         # ended as the original was: ``next(it)`` raises StopIteration (the batches its creation
         # asked the workers for are dropped by the next reset, as a reset drops any in flight)

@@ -38,6 +38,8 @@ START, LATEST, OVERRIDE = range(3)
 ATTR = "_sg_worker_rng"  # the iterator's Recorder, in its __dict__
 EPOCH = "_sg_worker_epoch"  # how many fetchers each of its workers has made (or will have)
 ENDED = "_sg_loader_ended"  # its loop ran it to StopIteration; cleared when it is reset
+#: the states a restore set for its next epoch (`resume_ended`); cleared when that epoch begins
+PENDING = "_sg_worker_pending"
 
 #: set in the job while an iterator forks its workers; what those workers record into
 _FORKING: Optional[tuple[int, "Recorder"]] = None
@@ -188,8 +190,23 @@ def saved_states(it: Any) -> Optional[tuple[str, list[bytes]]]:
     if not getattr(it, "_persistent_workers", False):
         return None  # its workers start afresh each epoch: a replay of the epoch reproduces them
     ended = bool(it.__dict__.get(ENDED))
-    states = states_of(it, LATEST if ended else START)
+    pending = it.__dict__.get(PENDING) if ended else None
+    states = pending if pending is not None else states_of(it, LATEST if ended else START)
     return ("ended", states) if ended else (("inside", states) if states is not None else None)
+
+
+def resume_ended(it: Any, states: Optional[list[bytes]]) -> None:
+    """A restored iterator whose loop had ended: its workers begin the next epoch with ``states``.
+
+    Until that epoch begins, a checkpoint carries ``states`` again. The workers' own ``latest``
+    states are not the ones to carry: they come from the batches the iterator's creation sent
+    them, which it drops, and a checkpoint could read them before the workers had loaded those."""
+    recorder = recorder_of(it)
+    if recorder is not None and states:
+        recorder.override(states, it.__dict__[EPOCH] + 1)
+        it.__dict__[PENDING] = states
+    it.__dict__[ENDED] = True
+
 
 def install(data_module: Any) -> None:
     """Patch ``torch.utils.data``: multi-process iterators make a Recorder before forking their
@@ -214,6 +231,7 @@ def install(data_module: Any) -> None:
         original_reset(self, loader, first_iter)
         self.__dict__[EPOCH] = 1 if first_iter else self.__dict__.get(EPOCH, 0) + 1
         self.__dict__.pop(ENDED, None)
+        self.__dict__.pop(PENDING, None)
 
     def _next_data(self: Any) -> Any:
         try:
