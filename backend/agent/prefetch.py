@@ -254,7 +254,10 @@ class Prefetcher:
             self.installed[step] = early
             return 0
         if step not in self._manifests:
-            self._manifests[step] = json.loads(self.t.fs.cat_file(f"{remote}/{MANIFEST}"))
+            try:
+                self._manifests[step] = json.loads(self.t.fs.cat_file(f"{remote}/{MANIFEST}"))
+            except json.JSONDecodeError as exc:  # a store that shows a file while it is written
+                raise OSError(f"its manifest is not whole yet ({exc})") from exc
         manifest = self._manifests[step]
         wanted: dict[str, tuple[int, Optional[str]]] = {
             # an entry without the current digest (an older engine's) never matches: fetched whole

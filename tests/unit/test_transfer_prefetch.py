@@ -5,6 +5,7 @@ Real parts throughout: the checkpoint store's own writer, a file:// fsspec store
 streamer thread and the destination's prefetcher thread, each with a cache of its own."""
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -146,3 +147,25 @@ def test_a_copy_damaged_in_the_store_is_installed_as_it_is_there_and_refused_at_
     assert installed.joinpath("rank-0.pt").read_bytes() == (remote / "rank-0.pt").read_bytes()
     with pytest.warns(UserWarning, match="damaged"):
         assert CheckpointStore(tmp_path / "dst" / "job").latest(contents=True) is None
+
+
+def test_a_manifest_seen_half_written_is_read_again_not_given_up(tmp_path, caplog):
+    """A store may show a file while it is written: the poller reads the manifest again next turn
+    (giving the checkpoint up would make the start download it all)."""
+    store, src, dst = _pair(tmp_path)
+    caplog.set_level(logging.INFO, logger="singularity.agent")
+    prefetch = Prefetcher(dst, "job", 1, poll_s=0.005).start()
+    good = os.urandom(MB)
+    local = CheckpointStore(tmp_path / "src" / "job").write(6, 0, 1, lambda f: f.write(good)).path
+    remote = store / "job" / local.name
+    remote.mkdir(parents=True)
+    (remote / "rank-0.pt").write_bytes(good)
+    manifest = (local / "manifest.json").read_bytes()
+    (remote / "manifest.json").write_bytes(manifest[: len(manifest) // 2])
+    _until(lambda: "checkpoint 6 of job" in caplog.text, "the half-written manifest seen by the poller")
+    (remote / "manifest.json").write_bytes(manifest)
+    installed = tmp_path / "dst" / "job" / local.name / "rank-0.pt"
+    _until(installed.exists, "the checkpoint installed once its manifest was whole")
+    assert set(prefetch.finish()) == {6}
+    restored = _restored(tmp_path / "dst", dst, 6)
+    assert restored is not None and restored.rank_file(0).read_bytes() == good
