@@ -50,3 +50,36 @@ def test_captured_generators_put_back_give_the_same_draws():
     first = (torch.rand(2).tolist(), random.random(), float(np.random.rand()))
     worker_rng._apply(saved)
     assert (torch.rand(2).tolist(), random.random(), float(np.random.rand())) == first
+
+
+class _Iterator:
+    """What `saved_states` reads of a persistent-workers DataLoader iterator."""
+    _persistent_workers = True
+
+
+def test_a_checkpoint_without_the_workers_states_is_refused_not_taken_silently(monkeypatch):
+    import pytest
+
+    from backend.proxy.checkpoint.errors import CheckpointFailure
+
+    monkeypatch.setattr(worker_rng, "WAIT_S", 0.05)
+    it = _Iterator()
+    recorder = it.__dict__[worker_rng.ATTR] = Recorder(2)
+    it.__dict__[worker_rng.EPOCH] = 2
+    recorder.write(0, START, 2, b"zero")  # worker 1 is still loading the batches sent before epoch 2
+    with pytest.raises(CheckpointFailure, match="did not record their random generators for epoch 2"):
+        worker_rng.saved_states(it)
+    recorder.write(1, START, 2, b"one")
+    assert worker_rng.saved_states(it) == ("inside", [b"zero", b"one"])
+    it.__dict__[worker_rng.ENDED] = True
+    with pytest.raises(CheckpointFailure):
+        worker_rng.saved_states(it)  # its loop ended, and no worker recorded its latest states
+    it.__dict__[worker_rng.PENDING] = [b"set", b"by a restore"]
+    assert worker_rng.saved_states(it) == ("ended", [b"set", b"by a restore"])
+
+
+def test_spawned_workers_record_nothing_and_an_ended_iterator_stays_ended():
+    it = _Iterator()
+    assert worker_rng.saved_states(it) is None
+    it.__dict__[worker_rng.ENDED] = True
+    assert worker_rng.saved_states(it) == ("ended", None)

@@ -854,6 +854,8 @@ def _write_checkpoint(rt: RuntimeView, boundary: Optional[int], label: int,
             else:
                 ref = ctl.store.write(label, ctl.rank, ctl.world_size, writer)
                 result = (ref, int(written["bytes"]), sorted(rebuild))
+        except CheckpointFailure:
+            raise  # refused by a part of the state that knows why (worker_rng): probing would not help
         except Exception as e:
             if not probing:  # perhaps a setting or a module global that does not save: probe them
                 probing, assumed = True, graph

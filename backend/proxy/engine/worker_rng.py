@@ -32,7 +32,12 @@ import sys
 import time
 from typing import Any, Optional
 
+from ..checkpoint.errors import CheckpointFailure
+
 SLOT = 64 * 1024
+#: how long a checkpoint waits for a worker to record an epoch's states (a reset waits for every
+#: worker to take it up, and a worker makes its fetcher just after: longer means a worker is lost)
+WAIT_S = 10.0
 _HEADER = struct.Struct("<QII")  # sequence number (odd while written), epoch tag, payload length
 START, LATEST, OVERRIDE = range(3)
 ATTR = "_sg_worker_rng"  # the iterator's Recorder, in its __dict__
@@ -78,7 +83,7 @@ class Recorder:
             time.sleep(0.0001)
         return -1, b""
 
-    def states(self, slot: int, epoch: int, wait_s: float = 10.0) -> Optional[list[bytes]]:
+    def states(self, slot: int, epoch: int, wait_s: float = WAIT_S) -> Optional[list[bytes]]:
         """Every worker's states of ``slot`` tagged ``epoch``; None when a worker has none (it
         failed to record them, or its epoch did not start within ``wait_s``: a worker that died)."""
         deadline = time.monotonic() + wait_s
@@ -176,23 +181,38 @@ def recorder_of(it: Any) -> Optional[Recorder]:
 
 
 def states_of(it: Any, slot: int) -> Optional[list[bytes]]:
-    """Every worker's states of ``slot`` in ``it``'s current epoch; None when not recorded."""
+    """Every worker's states of ``slot`` in ``it``'s current epoch; None when its workers record
+    none (spawned, or not persistent).
+
+    Raises `CheckpointFailure` when they should have but did not within `WAIT_S`: saved without
+    them, a restore would start new workers with other generators and differ silently."""
     recorder = recorder_of(it)
-    return recorder.states(slot, it.__dict__.get(EPOCH, 0)) if recorder is not None else None
+    if recorder is None:
+        return None
+    epoch = it.__dict__.get(EPOCH, 0)
+    states = recorder.states(slot, epoch, WAIT_S)
+    if states is None:
+        raise CheckpointFailure(
+            f"the {recorder.workers} workers of a DataLoader with persistent_workers=True did not record "
+            f"their random generators for epoch {epoch} within {WAIT_S:g} s (a worker died or could not "
+            f"pickle its generators): without them a restore would draw other random numbers in its "
+            f"workers. This checkpoint is not taken; the next one tries again")
+    return states
 
 
 def saved_states(it: Any) -> Optional[tuple[str, list[bytes]]]:
     """What a checkpoint of ``it`` needs of its workers' generators: ``("inside", the epoch's start
     states)`` in the middle of an epoch (the restore replays the epoch from them), ``("ended",
     the latest states)`` once its loop has ended (the next ``iter(loader)`` begins an epoch from
-    them; None when not recorded, and an ended iterator is not replayed even then); None for
-    workers that do not persist."""
+    them; None for spawned workers, and an ended iterator is not replayed even then); None for
+    workers that do not persist or were spawned."""
     if not getattr(it, "_persistent_workers", False):
         return None  # its workers start afresh each epoch: a replay of the epoch reproduces them
-    ended = bool(it.__dict__.get(ENDED))
-    pending = it.__dict__.get(PENDING) if ended else None
-    states = pending if pending is not None else states_of(it, LATEST if ended else START)
-    return ("ended", states) if ended else (("inside", states) if states is not None else None)
+    if it.__dict__.get(ENDED):
+        pending = it.__dict__.get(PENDING)
+        return "ended", pending if pending is not None else states_of(it, LATEST)
+    states = states_of(it, START)
+    return ("inside", states) if states is not None else None
 
 
 def resume_ended(it: Any, states: Optional[list[bytes]]) -> None:
