@@ -578,28 +578,3 @@ def test_an_iterator_restored_from_its_pickle_is_not_refused_for_its_draws_after
     script.write_text(textwrap.dedent(CALLABLE_ITERATOR))
     base, trace = trace_of(launcher, [str(script)], tmp_path)
     assert_chains_match(launcher, [str(script)], base, trace, tmp_path, seeds=(3,))
-
-
-PERSISTENT_WORKERS = """
-import torch
-from torch.utils.data import DataLoader
-
-torch.manual_seed(0)
-loader = DataLoader(list(range(8)), batch_size=2, shuffle=True, num_workers=2, persistent_workers=True)
-for epoch in range(3):
-    for x in loader:
-        print(epoch, x.tolist(), flush=True)
-"""
-
-
-def test_a_persistent_workers_loader_resumes_inside_later_epochs(launcher, tmp_path):
-    """From the second epoch on, ``iter(loader)`` resets the iterator the loader keeps; a restore
-    made a new one, which drew the workers' base seed once more, and the sampler shuffled the
-    epoch otherwise (silent at an epoch's first batch, refused at restore after it)."""
-    script = tmp_path / "persistent.py"
-    script.write_text(textwrap.dedent(PERSISTENT_WORKERS))
-    base, trace = trace_of(launcher, [str(script)], tmp_path)
-    inner = [t["step"] for t in trace if t["kind"] == "loop" and len(t["loops"]) == 2 and t["loops"][0] >= 1]
-    for stops in ([inner[0]], [inner[1], inner[5]]):
-        out, runs = run_chain(launcher, [str(script)], stops, tmp_path / f"ck{stops[0]}")
-        assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"
