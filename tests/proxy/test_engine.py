@@ -384,11 +384,13 @@ def test_generator_whose_items_draw_random_numbers_is_refused_at_the_checkpoint_
     src = """
 import random
 random.seed(0)
-def noisy():
-    for i in range(6):
-        yield random.random()
-for v in noisy():
-    print(v, random.random())
+def main():
+    def noisy():   # nested: not rewritten, so a restore would replay it
+        for i in range(6):
+            yield random.random()
+    for v in noisy():
+        print(v, random.random())
+main()
 """
     ctl = Controller(_store(tmp_path), on_event=lambda k, d: events.append((k, d)))
     ctl.checkpoint_at_step(7, "stop")
@@ -403,11 +405,13 @@ def test_generator_drawing_only_late_is_refused_at_restore(tmp_path):
     src = """
 import random
 random.seed(0)
-def noisy():
-    for i in range(9):
-        yield random.random() if i >= 5 else i
-for v in noisy():
-    print(v, random.random())
+def main():
+    def noisy():
+        for i in range(9):
+            yield random.random() if i >= 5 else i
+    for v in noisy():
+        print(v, random.random())
+main()
 """
     ctl = Controller(_store(tmp_path))
     ctl.checkpoint_at_step(10, "stop")

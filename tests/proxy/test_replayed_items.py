@@ -111,8 +111,25 @@ def _script(tmp_path, src: str) -> list[str]:
     return [str(script)]
 
 
-@pytest.mark.parametrize("src, stop", [(HARD_EXAMPLES, 40), (CURRICULUM, 7), (STREAM, 11)],
-                         ids=["hard-examples", "curriculum", "dataloader-stream"])
+# The same generator defined inside main(): generator_rewrite leaves nested generators as they
+# are, so the loop over it is replayed at a restore
+HARD_EXAMPLES_NESTED = HARD_EXAMPLES.replace("""
+def hardest(steps, k=4):
+    for _ in range(steps):
+        yield sorted(range(32), key=lambda i: -losses[i])[:k]   # reads what the body updates
+
+def main():
+""", """
+def main():
+    def hardest(steps, k=4):
+        for _ in range(steps):
+            yield sorted(range(32), key=lambda i: -losses[i])[:k]
+""")
+assert HARD_EXAMPLES_NESTED != HARD_EXAMPLES
+
+
+@pytest.mark.parametrize("src, stop", [(HARD_EXAMPLES_NESTED, 40), (STREAM, 11)],
+                         ids=["hard-examples-nested", "dataloader-stream"])
 def test_a_replay_that_yields_other_items_than_the_loop_took_is_refused(launcher, tmp_path, src, stop):
     target = _script(tmp_path, src)
     base = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "base")])
@@ -420,12 +437,17 @@ for step in training_steps(30):
     print(step, f"{model.weight.sum().item():.7f}")
 """
 
+# The same inside main(): a nested generator is not rewritten (generator_rewrite.py), so a
+# restore would replay it
+GENERATOR_DOING_THE_STEP_NESTED = GENERATOR_DOING_THE_STEP.replace("\ndef training_steps(n):", "\ndef main():\n  def training_steps(n):") \
+    .replace("\nfor step in training_steps(30):\n    print", "\n  for step in training_steps(30):\n    print") + "\nmain()\n"
+
 
 def test_a_generator_that_does_the_training_step_is_refused_at_restore_not_replayed(launcher, tmp_path):
     """Replaying it applied the steps before the checkpoint a second time on the restored model,
     silently (its items, step numbers, were the same): the restore now refuses, naming what the
     replay changed."""
-    target = _script(tmp_path, GENERATOR_DOING_THE_STEP)
+    target = _script(tmp_path, GENERATOR_DOING_THE_STEP_NESTED)
     base, trace = trace_of(launcher, target, tmp_path)
     step = [t["step"] for t in trace if t["kind"] == "loop"][12]
     stopped = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "ck"), "--stop-at-step", str(step)])
@@ -578,3 +600,19 @@ def test_an_iterator_restored_from_its_pickle_is_not_refused_for_its_draws_after
     script.write_text(textwrap.dedent(CALLABLE_ITERATOR))
     base, trace = trace_of(launcher, [str(script)], tmp_path)
     assert_chains_match(launcher, [str(script)], base, trace, tmp_path, seeds=(3,))
+
+
+@pytest.mark.parametrize("src, stop", [(HARD_EXAMPLES, 40), (CURRICULUM, 7), (GENERATOR_DOING_THE_STEP, 20)],
+                         ids=["hard-examples", "curriculum", "doing-the-step"])
+def test_a_generator_of_the_program_is_saved_where_it_stopped_not_replayed(launcher, tmp_path, src, stop):
+    """Module-level generators (and methods') are saved suspended (generator_rewrite.py): the
+    items they make from state the body changes come out as in an uninterrupted run."""
+    target = _script(tmp_path, src)
+    base = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "base")])
+    assert base.rc == 0, base.describe()
+    ck = str(tmp_path / "ck")
+    stopped = launcher.run(target + ["--checkpoint-dir", ck, "--stop-at-step", str(stop)])
+    assert stopped.rc == EXIT_PREEMPTED, stopped.describe()
+    restored = launcher.run(target + ["--checkpoint-dir", ck, "--restore"])
+    assert restored.rc == 0, restored.describe()
+    assert stopped.stdout.count("\n") >= 3 and stopped.stdout + restored.stdout == base.stdout, restored.describe()

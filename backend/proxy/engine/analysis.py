@@ -207,6 +207,12 @@ def not_rewritable(fdef: ast.AST) -> str:
         text = ast.unparse(deco)
         if any(word in text for word in _COMPILERS):
             return f"decorated with @{text}, which compiles or traces its bytecode"
+    return closures_sharing(fdef)
+
+
+def closures_sharing(fdef: ast.FunctionDef) -> str:
+    """Why closures keep ``fdef``'s frame from being rebuilt (a variable they share that it
+    rebinds, or a nested ``nonlocal``), or ''."""
     counts = _binding_counts(fdef)
     nested = [n for n in own_scope(fdef) if isinstance(n, _CLOSURES)]
     for scope in nested:

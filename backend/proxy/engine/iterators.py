@@ -34,7 +34,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
-from . import item_digest, lazy, manual_next, ownership, replay_effects, rng, worker_rng
+from . import item_digest, lazy, manual_next, ownership, replay_effects, resumable_generators, rng, worker_rng
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -385,6 +385,8 @@ def refuse_drawn_after_restore(desc: dict, digests: dict[int, item_digest.Digest
 
 def _may_be_replayed(leaf: Leaf) -> bool:
     """Whether a restore may re-create this leaf and skip the items taken (not pickle it)."""
+    if resumable_generators.is_resumable(leaf.iterator if leaf.kind == "iterable" else leaf.value):
+        return False  # saved where it stopped
     if leaf.kind == "iterable" or (leaf.kind == "dataloader" and leaf.mode == "replay"):
         return True
     if leaf.kind != "iterator" or type(leaf.value) in _POSITION_ITERS or lazy.is_rng_free_generator(leaf.value):
@@ -439,6 +441,8 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
                 return {"how": "pickled", "index": leaf.index, "iterator": leaf.iterator}
             return {"how": "dataloader", "index": leaf.index, "loader": leaf.value, "mode": leaf.mode}
         if leaf.kind == "iterable":
+            if resumable_generators.is_resumable(leaf.iterator):  # `__iter__` is such a generator
+                return {"how": "pickled", "index": leaf.index, "iterator": leaf.iterator}
             refuse_draws(leaf, text, loader=False)
             return {"how": "iterable", "index": leaf.index, "iterable": leaf.value}
         reevaluated = leaf.index < len(reevaluable) and reevaluable[leaf.index]
@@ -447,7 +451,10 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
             # another file than the one the body reads through its name (`tgt = next(f)`)
             return {"how": "expr", "index": leaf.index, "start": leaf.start}
         if isinstance(leaf.value, types.GeneratorType):
-            error: Optional[str] = "generators cannot be pickled"
+            # one of the program's generators that generator_rewrite made resumable is saved as
+            # it stands (its loops' iterators with it); any other cannot be pickled
+            error: Optional[str] = None if resumable_generators.is_resumable(leaf.value) else \
+                "generators cannot be pickled"
         else:
             error = probe(leaf.value)
         if error is None:

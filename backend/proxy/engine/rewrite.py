@@ -32,9 +32,10 @@ import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
+from . import generator_rewrite
 from .analysis import (bound_names, callee_root, declared_global, function_locals, has_dynamic_parts, is_pure,
-                       is_simple_binding, library_roots, loaded_names, method_of_temporary, not_rewritable, parameters,
-                       statement_reads)
+                       is_simple_binding, library_roots, loaded_names, method_of_temporary, not_rewritable, own_scope,
+                       parameters, statement_reads)
 
 #: the runtime's name in generated code; it ends in ``__`` so that methods do not mangle it
 RT = "__sg_rt__"
@@ -152,6 +153,10 @@ def _fill_locations(node: ast.AST, src: ast.AST) -> None:
             sub.end_col_offset = getattr(src, "end_col_offset", src.col_offset)  # type: ignore[attr-defined]
 
 
+def is_generator(fdef: ast.FunctionDef) -> bool:
+    return any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in own_scope(fdef))
+
+
 def _is_docstring(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
 
@@ -218,12 +223,32 @@ class _Rewriter:
         rewriter = self
 
         class Defs(ast.NodeTransformer):
+            in_function = 0
+            classes: list[str] = []  # the classes around, innermost last
+
+            def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
+                self.classes.append(node.name)
+                try:
+                    self.generic_visit(node)
+                finally:
+                    self.classes.pop()
+                return node
+
             def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
                 reason = not_rewritable(node)
+                if reason and is_generator(node) and not self.in_function:
+                    # a module-level generator (or a method's): resumable where it suspends
+                    reason = generator_rewrite.rewrite(node, self.classes[-1] if self.classes else "") or ""
                 if reason:
                     rewriter.unchanged_defs[node.lineno] = reason
                     return node
-                self.generic_visit(node)  # nested functions first
+                if is_generator(node):
+                    return node
+                self.in_function += 1
+                try:
+                    self.generic_visit(node)  # nested functions first
+                finally:
+                    self.in_function -= 1
                 rewriter.function(node)
                 return node
 

@@ -57,7 +57,7 @@ import cloudpickle
 from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
                exit_handlers, finalizers, getattr_classes, handles, held_managers, imported_submodules, iterators,
                lazy, libraries, library_patches, module_state, open_files, ownership, process_settings, rng,
-               scoped_modes, sentinels, set_layouts, training_state)
+               resumable_generators, scoped_modes, sentinels, set_layouts, training_state)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
@@ -193,7 +193,7 @@ def _decided_by_type(obj: Any, t: type) -> bool:
     """Whether the rules' answer for ``obj`` (plain pickling) holds for every instance of ``t``:
     all of them but these look at the type alone."""
     torch_types = lazy.torch_types()
-    return not issubclass(t, type) and t not in (types.FunctionType, types.BuiltinFunctionType, weakref.finalize) \
+    return not issubclass(t, type) and t not in (types.FunctionType, types.BuiltinFunctionType, types.GeneratorType, weakref.finalize) \
         and not isinstance(obj, (io.IOBase, types.ModuleType)) and t.__name__ not in ("memmap", "NpzFile") \
         and not (torch_types is not None and isinstance(obj, torch_types.tensor)) \
         and type(getattr(t, "_shared_state", None)) is not dict and not array_views.is_array(obj) \
@@ -274,6 +274,10 @@ class ProxyPickler(cloudpickle.Pickler):
         if t is weakref.finalize:
             return finalizers.reduce_finalizer(obj)
         ns, own = _SAVE_NS.get() or (None, False)
+        if t is types.GeneratorType:
+            reduced = resumable_generators.reduce(obj)
+            if reduced is not None:  # else plain pickling fails, naming it (handles.py)
+                return reduced
         if t is types.CodeType:
             # cloudpickle names every code object "<dynamic-code>": a restored function's
             # tracebacks would lose their source lines, and ``__code__.co_filename`` its file
