@@ -62,6 +62,12 @@ def numbered(stream):
 class Feeder:
     def __init__(self, data):
         self.data = data
+    @staticmethod
+    def evens(n):
+        for i in range(n):
+            if i % 2 == 0:
+                yield i
+
     def chunks(self, k):
         __seen, __buf = 0, []
         for x in self.data:
@@ -79,6 +85,7 @@ CASES = {
     "branches, continue and a tail": lambda ns: ns["augment"](iter([(i, -i) for i in range(12)]), 10),
     "nested loops, *args, **kwargs": lambda ns: ns["windows"](list(range(6)), 2, 4, stride=2, shift=100),
     "while over a private random.Random": lambda ns: ns["noisy"](3),
+    "a staticmethod": lambda ns: ns["Feeder"].evens(30),
     "with over a file": lambda ns: ns["numbered"](io.StringIO("".join(f"line {i}\n" for i in range(9)))),
     "a method with a private name": lambda ns: ns["Feeder"](list(range(23))).chunks(3),
 }
@@ -169,3 +176,17 @@ def test_a_generator_inside_a_with_other_than_a_file_is_not_saved():
     assert resumable_generators.reduce(gen) is not None  # not started: nothing entered yet
     next(gen)
     assert resumable_generators.reduce(gen) is None
+
+
+def test_a_local_that_cannot_be_saved_is_named_in_the_advice():
+    from backend.proxy.engine import handles
+    from backend.proxy.engine.state import probe
+
+    ns = _load("import socket\ndef served(items):\n    s = socket.socket()\n    for x in items:\n        yield x\n")
+    gen = ns["served"]([1, 2])
+    next(gen)
+    try:
+        advice = handles.explain("gen", gen, probe, top_level=False)
+    finally:
+        gen.gi_frame.f_locals["s"].close()
+    assert "saved where it stopped with its locals, but its local `s` (socket)" in advice, advice

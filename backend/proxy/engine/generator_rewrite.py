@@ -55,7 +55,7 @@ def _holds_yield(stmt: ast.stmt) -> bool:
 
 def why_not(fdef: ast.FunctionDef) -> str:
     """Why a generator function cannot be rewritten (it runs unchanged), or ''."""
-    if fdef.decorator_list:
+    if any(not (isinstance(d, ast.Name) and d.id in ("staticmethod", "classmethod")) for d in fdef.decorator_list):
         return "a decorated generator"
     statements = {id(s.value) for s in ast.walk(fdef) if isinstance(s, ast.Expr)}
     for y in _yields(fdef):

@@ -29,6 +29,8 @@ import threading
 import types
 from typing import Any, Callable, Optional
 
+from . import resumable_generators
+
 #: an unpicklable value of a type from these modules holds no progress: its statement may be re-run
 PROGRESS_FREE_MODULES = ("threading", "_thread", "concurrent.futures", "logging", "multiprocessing.synchronize",
                          "torch.utils.tensorboard")
@@ -199,6 +201,16 @@ def explain(name: str, value: Any, probe: Callable[[Any], Optional[str]], top_le
                 f"instead, a class whose method does with each value what the body does after `yield` "
                 f"(e.g. `def send(self, value): self.total += value; self.count += 1; return self.total / "
                 f"self.count`), so the checkpoint saves its attributes")
+    if resumable_generators.is_resumable(culprit):
+        code = culprit.gi_code
+        for local, inner in culprit.gi_frame.f_locals.items():
+            error = probe(inner)
+            if error is not None and not local.startswith("__sg_g"):
+                what = "the iterator of one of its `for` loops" if local.startswith("__sg_l") else f"its local `{local}`"
+                return (f"`{path}` is a generator from {code.co_name}() (line {code.co_firstlineno}), saved where "
+                        f"it stopped with its locals, but {what} ({type(inner).__name__}) cannot be saved "
+                        f"({error}); a generator is saved only when everything it holds can be: close or "
+                        f"`del` that object before the generator yields, or open it again after")
     if isinstance(culprit, types.GeneratorType):
         code = culprit.gi_code
         return (f"`{path}` is a generator from {code.co_name}() (line {code.co_firstlineno}), of a shape whose "
