@@ -229,7 +229,7 @@ def test_a_running_thread_and_a_csv_reader_are_refused_with_advice_that_fits(lau
     base, trace = trace_of(launcher, target, tmp_path)
     loops = sorted({t["line"] for t in trace if t["kind"] == "loop"})
     for line, expected in [(loops[0], ["`reader` is a csv reader", "rows = list(csv.reader(f))"]),
-                           (loops[1], ["`<iterable of the loop at line", "(Prefetcher:",
+                           (loops[1], ["`<iterable of the loop at line", "its local `self` (Prefetcher)",
                                        "is a running thread (Prefetcher._work)", "num_workers=2"])]:
         step = _loop_steps(trace, line)[1]
         run = launcher.run(target + ["--checkpoint-dir", str(tmp_path / f"ck{step}"), "--stop-at-step", str(step)])

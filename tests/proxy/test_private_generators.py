@@ -108,8 +108,29 @@ def test_a_custom_sampler_with_a_generator_of_its_own_resumes_exactly(launcher, 
     _stops_resume_exactly(launcher, _script(tmp_path, CUSTOM_SAMPLER, KIND=repr(kind)), tmp_path)
 
 
+# The same generator inside main(): not rewritten (generator_rewrite.py), so a restore replays it
+INTERLEAVED_NESTED = """
+import numpy as np
+rng = np.random.default_rng(0)
+
+def main():
+    def noisy(n):
+        for i in range(n):
+            yield i + rng.random()
+    for epoch in range(2):
+        for v in noisy(6):
+            print(epoch, v, rng.random())
+
+main()
+"""
+
+
+def test_a_generator_drawing_between_the_loop_bodys_draws_is_saved_where_it_stopped(launcher, tmp_path):
+    _stops_resume_exactly(launcher, _script(tmp_path, INTERLEAVED), tmp_path, seeds=(1,))
+
+
 def test_draws_interleaved_between_the_iterator_and_the_loop_body_are_refused(launcher, tmp_path):
-    target = _script(tmp_path, INTERLEAVED)
+    target = _script(tmp_path, INTERLEAVED_NESTED)
     stopped = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "ck"), "--stop-at-step", "9"])  # 4th item
     assert stopped.rc == EXIT_PREEMPTED, stopped.describe()
     restored = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "ck"), "--restore"])

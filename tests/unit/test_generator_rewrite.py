@@ -189,4 +189,5 @@ def test_a_local_that_cannot_be_saved_is_named_in_the_advice():
         advice = handles.explain("gen", gen, probe, top_level=False)
     finally:
         gen.gi_frame.f_locals["s"].close()
-    assert "saved where it stopped with its locals, but its local `s` (socket)" in advice, advice
+    assert "saved where it stopped with its locals, but its local `s` (socket) cannot be saved" in advice, advice
+    assert "`s` (socket)" in advice.rsplit(": ", 1)[-1]  # and what to do about `s`

@@ -207,10 +207,10 @@ def explain(name: str, value: Any, probe: Callable[[Any], Optional[str]], top_le
             error = probe(inner)
             if error is not None and not local.startswith("__sg_g"):
                 what = "the iterator of one of its `for` loops" if local.startswith("__sg_l") else f"its local `{local}`"
+                inner_advice = explain(local, inner, probe, top_level=False)
                 return (f"`{path}` is a generator from {code.co_name}() (line {code.co_firstlineno}), saved where "
                         f"it stopped with its locals, but {what} ({type(inner).__name__}) cannot be saved "
-                        f"({error}); a generator is saved only when everything it holds can be: close or "
-                        f"`del` that object before the generator yields, or open it again after")
+                        f"({error}): {inner_advice}")
     if isinstance(culprit, types.GeneratorType):
         code = culprit.gi_code
         return (f"`{path}` is a generator from {code.co_name}() (line {code.co_firstlineno}), of a shape whose "

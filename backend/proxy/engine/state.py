@@ -826,7 +826,8 @@ def _write_checkpoint(rt: RuntimeView, boundary: Optional[int], label: int,
             # re-running the statement is exact only for values that hold no progress of the job
             index = _rebuild_statement(rt, name, current) if mine and handles.progress_free(value) else None
             if index is None:
-                advice = handles.explain_known(name, value, probe) if where == "loop" else \
+                advice = handles.explain_known(name, value, probe) \
+                    if where == "loop" and not resumable_generators.is_resumable(value) else \
                     handles.explain(name, value, probe, top_level=mine)
                 stuck.append((name, type(value).__name__, err, advice))
             else:
