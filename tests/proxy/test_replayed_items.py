@@ -130,7 +130,8 @@ assert HARD_EXAMPLES_NESTED != HARD_EXAMPLES
 
 @pytest.mark.parametrize("src, stop", [(HARD_EXAMPLES_NESTED, 40), (STREAM, 11)],
                          ids=["hard-examples-nested", "dataloader-stream"])
-def test_a_replay_that_yields_other_items_than_the_loop_took_is_refused(launcher, tmp_path, src, stop):
+def _stop_and_restore(launcher, tmp_path, src: str, stop: int) -> tuple:
+    """The uninterrupted run, a run stopped at ``stop`` and the restore of its checkpoint."""
     target = _script(tmp_path, src)
     base = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "base")])
     assert base.rc == 0, base.describe()
@@ -138,7 +139,11 @@ def test_a_replay_that_yields_other_items_than_the_loop_took_is_refused(launcher
     stopped = launcher.run(target + ["--checkpoint-dir", ck, "--stop-at-step", str(stop)])
     assert stopped.rc == EXIT_PREEMPTED, stopped.describe()
     assert base.stdout.startswith(stopped.stdout) and stopped.stdout.count("\n") >= 3, stopped.describe()
-    restored = launcher.run(target + ["--checkpoint-dir", ck, "--restore"])
+    return base, stopped, launcher.run(target + ["--checkpoint-dir", ck, "--restore"])
+
+
+def test_a_replay_that_yields_other_items_than_the_loop_took_is_refused(launcher, tmp_path, src, stop):
+    _, _, restored = _stop_and_restore(launcher, tmp_path, src, stop)
     assert restored.rc == 2 and restored.stdout == "", restored.describe()
     assert "gave other items than the loop had taken" in restored.stderr, restored.stderr
     assert "reads state that changed since the loop began" in restored.stderr
@@ -607,12 +612,5 @@ def test_an_iterator_restored_from_its_pickle_is_not_refused_for_its_draws_after
 def test_a_generator_of_the_program_is_saved_where_it_stopped_not_replayed(launcher, tmp_path, src, stop):
     """Module-level generators (and methods') are saved suspended (generator_rewrite.py): the
     items they make from state the body changes come out as in an uninterrupted run."""
-    target = _script(tmp_path, src)
-    base = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "base")])
-    assert base.rc == 0, base.describe()
-    ck = str(tmp_path / "ck")
-    stopped = launcher.run(target + ["--checkpoint-dir", ck, "--stop-at-step", str(stop)])
-    assert stopped.rc == EXIT_PREEMPTED, stopped.describe()
-    restored = launcher.run(target + ["--checkpoint-dir", ck, "--restore"])
-    assert restored.rc == 0, restored.describe()
-    assert stopped.stdout.count("\n") >= 3 and stopped.stdout + restored.stdout == base.stdout, restored.describe()
+    base, stopped, restored = _stop_and_restore(launcher, tmp_path, src, stop)
+    assert restored.rc == 0 and stopped.stdout + restored.stdout == base.stdout, restored.describe()

@@ -192,6 +192,10 @@ def _binding_counts(fdef: ast.FunctionDef) -> dict[str, int]:
     return counts
 
 
+def is_generator(fdef: ast.AST) -> bool:
+    return any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in own_scope(fdef))
+
+
 def not_rewritable(fdef: ast.AST) -> str:
     """Why a function must run unchanged (no safe points inside it), or '' when it can be rewritten.
 
@@ -201,7 +205,7 @@ def not_rewritable(fdef: ast.AST) -> str:
     """
     if not isinstance(fdef, ast.FunctionDef):
         return "async functions run unchanged"
-    if any(isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)) for n in own_scope(fdef)):
+    if is_generator(fdef) or any(isinstance(n, ast.Await) for n in own_scope(fdef)):
         return "generator functions run unchanged"
     for deco in fdef.decorator_list:
         text = ast.unparse(deco)

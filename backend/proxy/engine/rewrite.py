@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from . import generator_rewrite
-from .analysis import (bound_names, callee_root, declared_global, function_locals, has_dynamic_parts, is_pure,
-                       is_simple_binding, library_roots, loaded_names, method_of_temporary, not_rewritable, own_scope,
+from .analysis import (bound_names, callee_root, declared_global, function_locals, has_dynamic_parts, is_generator,
+                       is_pure, is_simple_binding, library_roots, loaded_names, method_of_temporary, not_rewritable,
                        parameters, statement_reads)
 
 #: the runtime's name in generated code; it ends in ``__`` so that methods do not mangle it
@@ -151,10 +151,6 @@ def _fill_locations(node: ast.AST, src: ast.AST) -> None:
             sub.col_offset = src.col_offset  # type: ignore[attr-defined]
             sub.end_lineno = getattr(src, "end_lineno", src.lineno)  # type: ignore[attr-defined]
             sub.end_col_offset = getattr(src, "end_col_offset", src.col_offset)  # type: ignore[attr-defined]
-
-
-def is_generator(fdef: ast.FunctionDef) -> bool:
-    return any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in own_scope(fdef))
 
 
 def _is_docstring(stmt: ast.stmt) -> bool:
