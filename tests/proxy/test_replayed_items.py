@@ -128,8 +128,6 @@ def main():
 assert HARD_EXAMPLES_NESTED != HARD_EXAMPLES
 
 
-@pytest.mark.parametrize("src, stop", [(HARD_EXAMPLES_NESTED, 40), (STREAM, 11)],
-                         ids=["hard-examples-nested", "dataloader-stream"])
 def _stop_and_restore(launcher, tmp_path, src: str, stop: int) -> tuple:
     """The uninterrupted run, a run stopped at ``stop`` and the restore of its checkpoint."""
     target = _script(tmp_path, src)
@@ -142,6 +140,8 @@ def _stop_and_restore(launcher, tmp_path, src: str, stop: int) -> tuple:
     return base, stopped, launcher.run(target + ["--checkpoint-dir", ck, "--restore"])
 
 
+@pytest.mark.parametrize("src, stop", [(HARD_EXAMPLES_NESTED, 40), (STREAM, 11)],
+                         ids=["hard-examples-nested", "dataloader-stream"])
 def test_a_replay_that_yields_other_items_than_the_loop_took_is_refused(launcher, tmp_path, src, stop):
     _, _, restored = _stop_and_restore(launcher, tmp_path, src, stop)
     assert restored.rc == 2 and restored.stdout == "", restored.describe()
