@@ -38,6 +38,7 @@ from .analysis import closures_sharing, function_locals, own_scope
 STATE = "__sg_g__"
 LOCALS = "__sg_L__"
 RESTORING = "__sg_r__"  # a local copy of ``STATE.restoring``: tested at every statement
+LOOP_PREFIX = "__sg_l"  # + the loop's number + "__": the local holding a loop's iterator
 AT = "__sg_at__"  # the yield it is suspended at (0: none yet); a local, as cheap to set as can be
 MODULE = "backend.proxy.engine.resumable_generators"
 _COMPOUND = (ast.For, ast.While, ast.If, ast.With)
@@ -187,7 +188,7 @@ class _GeneratorRewriter:
             guard[0].body = [stmt]  # type: ignore[attr-defined]
             return guard
         assert isinstance(stmt, ast.For)
-        var = f"__sg_l{nid}__"
+        var = f"{LOOP_PREFIX}{nid}__"
         self.loop_vars.append(var)
         # restoring, the loop's first item is its target's values as restored (the statements
         # before the yield are skipped, so that is what the target must hold), then the iterator

@@ -29,7 +29,7 @@ import threading
 import types
 from typing import Any, Callable, Optional
 
-from . import resumable_generators
+from . import generator_rewrite, resumable_generators
 
 #: an unpicklable value of a type from these modules holds no progress: its statement may be re-run
 PROGRESS_FREE_MODULES = ("threading", "_thread", "concurrent.futures", "logging", "multiprocessing.synchronize",
@@ -205,8 +205,9 @@ def explain(name: str, value: Any, probe: Callable[[Any], Optional[str]], top_le
         code = culprit.gi_code
         for local, inner in culprit.gi_frame.f_locals.items():
             error = probe(inner)
-            if error is not None and not local.startswith("__sg_g"):
-                what = "the iterator of one of its `for` loops" if local.startswith("__sg_l") else f"its local `{local}`"
+            if error is not None and local != generator_rewrite.STATE:
+                what = "the iterator of one of its `for` loops" if local.startswith(generator_rewrite.LOOP_PREFIX) \
+                    else f"its local `{local}`"
                 inner_advice = explain(local, inner, probe, top_level=False)
                 return (f"`{path}` is a generator from {code.co_name}() (line {code.co_firstlineno}), saved where "
                         f"it stopped with its locals, but {what} ({type(inner).__name__}) cannot be saved "

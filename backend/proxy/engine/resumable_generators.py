@@ -105,7 +105,7 @@ def reduce(gen: types.GeneratorType) -> Optional[tuple]:
     """How to pickle ``gen``; None when it cannot be (not rewritten, or running)."""
     frame = gen.gi_frame
     if frame is None:  # finished: next() raises StopIteration, and so will the restored one's
-        return _finished, ()
+        return _empty, ()
     if gen.gi_running:
         return None
     func = _function_of(gen)
@@ -161,10 +161,6 @@ def resume(func: types.FunctionType, local_values: dict, at: int, loops: dict, m
     gen = func(*args, **kwargs)
     _RESUMING[id(gen.gi_frame)] = (gen, _Saved(local_values, at, loops, managers))
     return gen
-
-
-def _finished() -> types.GeneratorType:
-    return _empty()
 
 
 def _empty() -> Iterator[Any]:
