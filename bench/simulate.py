@@ -13,6 +13,8 @@ For every week x cluster size it prints, per policy, mean / median / p99 JCT, me
 queueing delay, each tier's device-time share and the ratios to Tiresias (same overhead X),
 then checks the goals of issue 18 cell by cell: mean JCT <= Tiresias', median and p99 no worse,
 premium >= 99 %, standard and basic each >= Tiresias' share, no job waiting over 48 h to start.
+With the oracles (``srtf``, ``srtf-premium``: durations known) in ``--policies``, their goals
+are printed too: what knowing every job's duration would reach, to read the misses against.
 Which jobs are premium, standard or basic is drawn at random (the trace has no tiers); a rule
 tuned on one draw can miss badly on another, so ``--seeds`` repeats everything per draw and ends
 with the goals missed on each.
@@ -90,17 +92,17 @@ def cell_table(week: str, gpus: int, reports: dict[Key, SimReport], policies: li
     return "\n".join(out)
 
 
-def goals(reports: dict[Key, SimReport], cells: list[tuple[str, int]]) -> tuple[str, int]:
-    """Singularity against Tiresias in every cell: each goal met, or by how much it is missed;
+def goals(reports: dict[Key, SimReport], cells: list[tuple[str, int]], policy: str = "singularity") -> tuple[str, int]:
+    """``policy`` against Tiresias in every cell: each goal met, or by how much it is missed;
     the table and the number of goals missed."""
     lines = [
-        "\n== goals, singularity vs tiresias per week x size (ok, or the miss) ==",
+        f"\n== goals, {policy} vs tiresias per week x size (ok, or the miss) ==",
         f"{'week':<11}{'GPUs':>5}  {'mean':<12}{'median':<12}{'p99':<12}{'premium':<10}{'standard':<16}"
         f"{'basic':<16}{'max wait':<10}",
     ]
     missed = 0
     for week, gpus in cells:
-        s, t = reports.get((week, gpus, "singularity")), reports.get((week, gpus, "tiresias"))
+        s, t = reports.get((week, gpus, policy)), reports.get((week, gpus, "tiresias"))
         if s is None or t is None:
             continue
         cols = []
@@ -163,6 +165,9 @@ def run_draw(args: argparse.Namespace, seed: int, cells: list[tuple[str, int]], 
         print(cell_table(w, g, reports, policies), flush=True)
     text, missed = goals(reports, cells)
     print(text)
+    for oracle in ("srtf", "srtf-premium"):  # what knowing every duration would reach: read misses against it
+        if oracle in policies:
+            print(goals(reports, cells, oracle)[0])
     for w in weeks:
         n = reports[(w, sizes[0], policies[0])].jobs
         mine = [reports[(w, g, "singularity")] for g in sizes if (w, g, "singularity") in reports]

@@ -8,6 +8,11 @@
   queue; preemptive; each preemption costs the simulator's overhead like any other move.
 - ``srtf``: an oracle, preemptive shortest-remaining-time-first (remaining run time at full
   size, as a simulator knows it): a reference point, not a deployable policy.
+- ``srtf-premium``: the same oracle serving premium work first (premium jobs by remaining time
+  among themselves, then everyone else by remaining time): what a scheduler that knew every
+  job's duration could give standard and basic work while keeping premium's promise. A bound
+  to read the Singularity policy's misses against, not a policy.  Premium jobs are never
+  preempted (running premium jobs rank first, waiting ones next, oldest first).
 
 All use the shared locality rule of ``placement.py``, run jobs at full size only, and never
 resize or migrate. Tiresias and SRTF need per-job numbers the snapshot does not carry; they
@@ -19,7 +24,7 @@ import bisect
 from abc import ABC, abstractmethod
 from typing import Callable, Sequence
 
-from singularity_sdk.protocol import JobState
+from singularity_sdk.protocol import SLA, JobState
 
 from .placement import FreeDevices, fmt_placement
 from .round_state import HOLDING, WAITING
@@ -183,3 +188,17 @@ class SRTFPolicy(PriorityPreemptivePolicy):
 
     def describe(self, job: JobView) -> str:
         return f"remaining {self.remaining(job.id) / 3600:.2f} h at full size"
+
+
+class PremiumFirstSRTFPolicy(SRTFPolicy):
+    """The SRTF oracle with premium work first; no premium job is ever preempted."""
+
+    name = "srtf-premium"
+
+    def key(self, job: JobView) -> tuple:
+        if job.sla == SLA.PREMIUM:
+            return (0, job.state != JobState.RUNNING, job.submitted_at, job.id)
+        return (1, self.remaining(job.id), job.submitted_at, job.id)
+
+    def describe(self, job: JobView) -> str:
+        return ("premium, " if job.sla == SLA.PREMIUM else "") + super().describe(job)

@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence
 
 from singularity_sdk.protocol import SLA, JobState
 
-from .baselines import SRTFPolicy, TiresiasPolicy, fifo_backfill_policy, fifo_gang_policy
+from .baselines import PremiumFirstSRTFPolicy, SRTFPolicy, TiresiasPolicy, fifo_backfill_policy, fifo_gang_policy
 from .metrics import Finished, SimReport, format_report, summarize
 from .placement import fits_locality
 from .quotas import Quotas
@@ -39,7 +39,7 @@ from .trace import TraceJob, load_trace
 from .types import Action, JobView, Migrate, NodeView, Place, Preempt, Resize, Snapshot
 
 Policy = Callable[[Snapshot], list[Action]]
-POLICIES = ("singularity", "fifo", "fifo-backfill", "tiresias", "srtf")
+POLICIES = ("singularity", "fifo", "fifo-backfill", "tiresias", "srtf", "srtf-premium")
 
 _DONE, _STALL_END, _WAKE = 0, 1, 2
 _new_view = object.__new__
@@ -491,6 +491,8 @@ def make_policy(name: str, sim: Simulator, overhead_s: float) -> Policy:
         return TiresiasPolicy(sim.attained)
     if name == "srtf":
         return SRTFPolicy(sim.remaining)
+    if name == "srtf-premium":
+        return PremiumFirstSRTFPolicy(sim.remaining)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
 
 

@@ -1,9 +1,9 @@
 """Baseline policies on hand-made snapshots."""
 from __future__ import annotations
 
-from backend.scheduler.baselines import SRTFPolicy, TiresiasPolicy, fifo_backfill_policy, fifo_gang_policy
+from backend.scheduler.baselines import PremiumFirstSRTFPolicy, SRTFPolicy, TiresiasPolicy, fifo_backfill_policy, fifo_gang_policy
 from backend.scheduler.types import Place, Preempt
-from sched_helpers import S, apply, by_job, ndev, running, snapshot, waiting
+from sched_helpers import P, S, apply, by_job, ndev, running, snapshot, waiting
 from singularity_sdk.protocol import JobState
 
 NOW = 10_000.0
@@ -75,3 +75,27 @@ def test_preemptive_baselines_backfill_idle_devices():
     acts = pol(snap)
     # big is admitted by count (2 + 4 > 4 so it is not), small fits and starts
     assert [a.job_id for a in acts] == ["small"]
+
+
+def test_premium_first_srtf_never_takes_from_premium_for_shorter_other_work():
+    remaining = {"prem": 9000.0, "std": 5000.0, "short": 10.0}
+    prem = running("prem", P, 4, {"node-0": (0, 1, 2, 3)}, submitted_at=0.0)
+    std = running("std", S, 4, {"node-1": (0, 1, 2, 3)}, submitted_at=0.0)
+    snap = snapshot(NOW, {"node-0": 4, "node-1": 4}, [prem, std, waiting("short", S, 4, submitted_at=NOW)])
+    # plain SRTF takes from the longest job, premium or not ...
+    assert [(type(a).__name__, a.job_id) for a in SRTFPolicy(remaining.__getitem__)(snap)] == [
+        ("Preempt", "prem"), ("Place", "short")]
+    # ... the premium-first oracle takes from the standard job, and a waiting premium job goes
+    # before shorter standard work
+    acts = PremiumFirstSRTFPolicy(remaining.__getitem__)(snap)
+    assert [(type(a).__name__, a.job_id) for a in acts] == [("Preempt", "std"), ("Place", "short")]
+    assert acts[0].reason.endswith("(remaining 1.39 h at full size)")
+    remaining["late"] = 20000.0  # longer than everything: premium goes first all the same
+    snap = snapshot(NOW, {"node-0": 4, "node-1": 4},
+                    [prem, std, waiting("short", S, 4, submitted_at=NOW), waiting("late", P, 4, submitted_at=NOW)])
+    acts = by_job(PremiumFirstSRTFPolicy(remaining.__getitem__)(snap))
+    assert isinstance(acts["std"], Preempt) and isinstance(acts["late"], Place) and "short" not in acts
+    # a running premium job is never preempted, not even for a waiting premium job
+    remaining["early"] = 1.0
+    snap = snapshot(NOW, {"node-0": 4}, [prem, waiting("early", P, 4, submitted_at=-1.0)])
+    assert PremiumFirstSRTFPolicy(remaining.__getitem__)(snap) == []

@@ -29,7 +29,7 @@ def run(jobs, policy: str, gpus: int, per_node: int = 8, overhead: float = 30.0)
     return report, jct, sim
 
 
-@pytest.mark.parametrize("policy", ["singularity", "fifo", "fifo-backfill", "tiresias", "srtf"])
+@pytest.mark.parametrize("policy", ["singularity", "fifo", "fifo-backfill", "tiresias", "srtf", "srtf-premium"])
 def test_one_job_alone_takes_its_duration(policy):
     report, jct, _ = run([job(0, 100.0, 3600.0, gpus=4)], policy, gpus=8)
     assert jct["j-0"] == pytest.approx(3600.0)
