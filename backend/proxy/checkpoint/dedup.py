@@ -21,6 +21,12 @@ left by a crashed attempt (same step, same bytes) is found unlocked with no blob
 rank writes the blob itself.  Every rank therefore has all its blobs complete before its rank
 file, and the checkpoint store commits only when every rank file is in.
 
+Unchanged storages are not written again: a blob whose digest names a blob of the newest
+committed checkpoint (``reuse_from``) is hard-linked from there instead (a link is complete or
+absent, like a rename).  In a one-rank checkpoint only frozen parameters (``requires_grad``
+False, at least `REUSABLE_BYTES`) go to blobs: a fine-tuned model's frozen backbone is then
+hashed, not written, by every checkpoint after the first, while the rest stays inline.
+
 Tensors with Python attributes (``param.foo = 1``) keep them: the attribute dict is pickled as the
 tensor's state, set after the tensor exists, as ``torch.save`` does.
 
@@ -42,18 +48,21 @@ import threading
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Optional, Union
+from typing import Any, BinaryIO, Callable, Optional, Sequence, Union
 
 import torch
 
 from . import digest as digest_module
 from .host_copy import to_host
-from .store import BLOB_DIR
+from .store import BLOB_DIR, DigestMismatch
 
 __all__ = ["BLOB_DIR", "BlobStore", "DumpStats", "dump", "dumps", "load", "dedup_pickler", "dedup_unpickler"]
 _TAG = "sg-tensor"
 #: storages up to this size go inline in the rank file rather than to a blob of their own
 INLINE_BYTES = 64 << 10
+#: a frozen parameter's storage this large goes to a blob in a one-rank checkpoint too, so the next
+#: checkpoint can link it rather than write it again (`frozen_parameter`)
+REUSABLE_BYTES = 1 << 20
 Location = Union[None, str, torch.device, Callable[[torch.device], torch.device]]
 
 
@@ -86,11 +95,38 @@ def storage_bytes(storage: torch.UntypedStorage) -> memoryview:
     return memoryview(t.numpy()).cast("B")
 
 
-class BlobStore:
-    """A folder of blobs named by the digest of their contents, shared by a checkpoint's ranks."""
+def frozen_parameter(t: torch.Tensor, nbytes: int) -> bool:
+    """Whether a one-rank checkpoint sends this tensor's storage to a blob: a parameter no optimizer
+    updates (``requires_grad`` False), large enough that linking beats writing it inline."""
+    return isinstance(t, torch.nn.Parameter) and not t.requires_grad and nbytes >= REUSABLE_BYTES
 
-    def __init__(self, folder: Path) -> None:
+
+def reusable(folders: Sequence[Path], digest: str, nbytes: int) -> Optional[Path]:
+    """A complete blob of ``nbytes`` named ``digest`` in one of ``folders`` (committed
+    checkpoints' blob folders), or None."""
+    for folder in folders:
+        path = Path(folder) / digest
+        try:
+            if path.stat().st_size == nbytes:
+                return path
+        except OSError:
+            continue
+    return None
+
+
+class BlobStore:
+    """A folder of blobs named by the digest of their contents, shared by a checkpoint's ranks.
+
+    ``reuse_from``: blob folders of committed checkpoints; a blob found there with the same digest
+    is hard-linked rather than written (`linked_bytes` counts them). ``verify_reads``: hash every
+    blob as it is read (a one-rank checkpoint's blobs are not hashed before the restore).
+    """
+
+    def __init__(self, folder: Path, reuse_from: Sequence[Path] = (), verify_reads: bool = False) -> None:
         self.folder = Path(folder)
+        self.reuse_from = tuple(reuse_from)
+        self.verify_reads = verify_reads
+        self.linked_bytes = 0
 
     def path(self, digest: str) -> Path:
         return self.folder / digest
@@ -152,8 +188,28 @@ class BlobStore:
             tmp.unlink(missing_ok=True)
         return fd
 
+    def link(self, digest: str, nbytes: int) -> bool:
+        """Link the blob from a checkpoint of `reuse_from` that has it; False if none has (or the
+        link fails: another filesystem)."""
+        source = reusable(self.reuse_from, digest, nbytes)
+        if source is None:
+            return False
+        self.folder.mkdir(parents=True, exist_ok=True)
+        part = self.path(f"{digest}.{os.getpid()}.{threading.get_ident()}.part")
+        try:
+            os.link(source, part)
+            os.replace(part, self.path(digest))
+        except OSError:
+            part.unlink(missing_ok=True)
+            return False
+        self.linked_bytes += nbytes
+        return True
+
     def _write(self, digest: str, data: memoryview) -> int:
-        """Temp name, fsync, rename: a blob is complete or absent (concurrent equal writes are fine)."""
+        """Temp name, fsync, rename: a blob is complete or absent (concurrent equal writes are fine).
+        A blob an earlier checkpoint has is linked instead (0 bytes written)."""
+        if self.link(digest, len(data)):
+            return 0
         part = self.path(f"{digest}.{os.getpid()}.{threading.get_ident()}.part")
         with open(part, "wb") as f:
             f.write(data)
@@ -170,7 +226,10 @@ class BlobStore:
             raise ValueError(f"blob {digest} has {size} bytes, the reference expects {nbytes}")
         if nbytes == 0:
             return torch.UntypedStorage(0)
-        return torch.UntypedStorage.from_file(str(path), False, nbytes)
+        storage = torch.UntypedStorage.from_file(str(path), False, nbytes)
+        if self.verify_reads and digest_module.of_bytes(storage_bytes(storage)) != digest:
+            raise DigestMismatch(f"blob {path} does not match its digest (the file is corrupted)")
+        return storage
 
     def verify(self, digest: str) -> bool:
         return digest_module.of_file(self.path(digest), digest_module.algorithm_of(digest)) == digest
@@ -192,6 +251,7 @@ class DumpStats:
     storages: dict[str, int] = field(default_factory=dict)  # digest -> nbytes (blobs only)
     inline_bytes: int = 0
     blob_bytes_written: int = 0
+    blob_bytes_linked: int = 0
     file_bytes: int = 0
 
     @property
@@ -241,9 +301,11 @@ def dedup_pickler(base: type = pickle.Pickler) -> type:
 
     class DedupPickler(base):  # type: ignore[misc, valid-type]
         def __init__(self, file: BinaryIO, blobs: Optional[BlobStore], stats: DumpStats, protocol: int = 5,
-                     on_tensor: Optional[Callable[[Any], None]] = None) -> None:
+                     on_tensor: Optional[Callable[[Any], None]] = None,
+                     to_blob: Optional[Callable[[torch.Tensor, int], bool]] = None) -> None:
             super().__init__(file, protocol=protocol)
             self._on_tensor = on_tensor
+            self._to_blob = to_blob
             self._blobs = blobs
             self._stats = stats
             self._storages: dict[int, tuple[int, Optional[str]]] = {}  # storage's _cdata -> (index, digest)
@@ -264,7 +326,7 @@ def dedup_pickler(base: type = pickle.Pickler) -> type:
                     return replaced
             storage = obj.untyped_storage()
             first = storage._cdata not in self._storages
-            storage_index, digest = self._store(storage)
+            storage_index, digest = self._store(storage, obj)
             self._stats.tensors += 1
             meta = (digest, storage.nbytes(), _dtype_name(obj.dtype), tuple(obj.shape),
                     obj.stride(), obj.storage_offset(), obj.requires_grad,
@@ -275,18 +337,20 @@ def dedup_pickler(base: type = pickle.Pickler) -> type:
                 return _tensor_from_ref, (meta, inline), dict(obj.__dict__), None, None, _set_attributes
             return _tensor_from_ref, (meta, inline)
 
-        def _store(self, storage: torch.UntypedStorage) -> tuple[int, Optional[str]]:
+        def _store(self, storage: torch.UntypedStorage, tensor: torch.Tensor) -> tuple[int, Optional[str]]:
             """(index in this file, digest) of ``storage``; its blob is written the first time it is seen.
 
             The index, not the digest, says which tensors share memory: two storages with equal
             bytes (two zero-initialised biases) are one blob but stay two storages when loaded.
-            The digest is None for a storage written inline.
+            The digest is None for a storage written inline: a small one, or one ``to_blob``
+            (given) turns away.
             """
             known = self._storages.get(storage._cdata)
             if known is not None:
                 return known
             self._keep.append(storage)
-            if self._blobs is None or storage.nbytes() <= INLINE_BYTES:
+            if self._blobs is None or storage.nbytes() <= INLINE_BYTES or (
+                    self._to_blob is not None and not self._to_blob(tensor, storage.nbytes())):
                 known = self._storages[storage._cdata] = (len(self._storages), None)
                 self._stats.inline_bytes += storage.nbytes()
                 return known
@@ -396,8 +460,10 @@ def _storage_from_buffer(data: Any, nbytes: int) -> torch.UntypedStorage:
 
 def dump(obj: Any, f: BinaryIO, blobs: Optional[BlobStore], pickler: Optional[type] = None,
          protocol: int = 5, on_tensor: Optional[Callable[[Any], None]] = None,
-         prepare: Optional[Callable[[Any], None]] = None) -> DumpStats:
-    """Pickle ``obj`` to ``f`` with its tensors' storages in ``blobs`` (inline when None or small).
+         prepare: Optional[Callable[[Any], None]] = None,
+         to_blob: Optional[Callable[[torch.Tensor, int], bool]] = None) -> DumpStats:
+    """Pickle ``obj`` to ``f`` with its tensors' storages in ``blobs`` (inline when None or small,
+    or, with ``to_blob``, when it says no for the first tensor seen on the storage).
 
     ``prepare(pickler)`` runs before the dump (to start its memo with what a pickle before this
     one in ``f`` memoised).
@@ -407,7 +473,8 @@ def dump(obj: Any, f: BinaryIO, blobs: Optional[BlobStore], pickler: Optional[ty
     """
     stats = DumpStats()
     counter = _Counting(f)
-    p = dedup_pickler(pickler or pickle.Pickler)(counter, blobs, stats, protocol, on_tensor)
+    p = dedup_pickler(pickler or pickle.Pickler)(counter, blobs, stats, protocol, on_tensor, to_blob)
+    linked_before = getattr(blobs, "linked_bytes", 0)
     if prepare is not None:
         prepare(p)
     collecting = gc.isenabled()
@@ -419,6 +486,7 @@ def dump(obj: Any, f: BinaryIO, blobs: Optional[BlobStore], pickler: Optional[ty
             gc.enable()
     for digest, storage in p.claimed_elsewhere.items():
         stats.blob_bytes_written += blobs.settle(digest, lambda s=storage: storage_bytes(s))
+    stats.blob_bytes_linked = getattr(blobs, "linked_bytes", 0) - linked_before
     stats.file_bytes = counter.bytes
     return stats
 

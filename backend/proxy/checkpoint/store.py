@@ -157,7 +157,9 @@ class RankFile:
 
     ``blob_dir`` is shared by all ranks of the checkpoint; a writer that stores blobs there
     records the ones its file references in ``blobs`` (digest -> bytes) so the commit can check
-    them.  It also hosts the test hooks (`SLEEP_HOOK_ENV`, `HOLD_HOOK_ENV`).
+    them.  ``reuse_from`` names blob folders of committed checkpoints whose blobs may be linked
+    rather than written again (`dedup.BlobStore`).  It also hosts the test hooks (`SLEEP_HOOK_ENV`,
+    `HOLD_HOOK_ENV`).
     """
 
     def __init__(self, f: BinaryIO, blob_dir: Path) -> None:
@@ -168,6 +170,7 @@ class RankFile:
         self._hold = os.environ.get(HOLD_HOOK_ENV) or None
         self.blob_dir = blob_dir
         self.blobs: dict[str, int] = {}
+        self.reuse_from: list[Path] = []
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
@@ -277,6 +280,7 @@ class CheckpointStore:
         try:
             with open(part, "wb") as raw:
                 hw = RankFile(raw, staging / BLOB_DIR)
+                hw.reuse_from = self.reusable_blob_dirs()
                 writer(hw)
                 raw.flush()
                 os.fsync(raw.fileno())
@@ -410,6 +414,15 @@ class CheckpointStore:
                 warnings.warn(f"checkpoint {path} is damaged and was skipped: {e}",
                               CheckpointDamaged, stacklevel=2)
         return None
+
+    def reusable_blob_dirs(self) -> list[Path]:
+        """Blob folders a new checkpoint may link unchanged blobs from: the newest committed
+        checkpoint's (each checkpoint links or writes every blob it needs, so the newest has them
+        all).  Blobs are named by their content, so any committed folder is as good."""
+        for _step, path in self._committed():
+            blob_dir = path / BLOB_DIR
+            return [blob_dir] if blob_dir.is_dir() else []
+        return []
 
     def checkpoints(self) -> list[Path]:
         """Committed checkpoint folders, newest first (not verified)."""

@@ -21,16 +21,70 @@ for a set that will never be complete (`CheckpointStore.failed_parts`).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
 
+from ..checkpoint.errors import CheckpointError
 from ..checkpoint.store import RankFile, lower_this_thread
 
-class Snapshot:
-    """A checkpoint's bytes held in memory: what `state.save_graph` wrote, in the pieces it wrote."""
 
-    def __init__(self) -> None:
+class SnapshotBlobs:
+    """The blobs a snapshot's pickle refers to (a one-rank job's frozen parameters: see
+    `dedup.frozen_parameter`), written with the rank file behind the loop.
+
+    At the safe point each is hashed where it lies; one the newest committed checkpoint has is only
+    named (no copy: `write_to` links it), any other is copied, like the inline bytes.
+    """
+
+    def __init__(self, reuse_from: Sequence[Path]) -> None:
+        self.reuse_from = tuple(reuse_from)
+        self.pending: dict[str, tuple[int, Optional[bytes]]] = {}  # digest -> (bytes, copy or None: link)
+        self.copied_bytes = 0
+        self.linked_bytes = 0
+
+    def put(self, digest: str, data: memoryview) -> int:
+        from ..checkpoint.dedup import reusable
+
+        if digest not in self.pending:
+            n = len(data)
+            if reusable(self.reuse_from, digest, n) is not None:
+                self.pending[digest] = (n, None)
+            else:
+                self.pending[digest] = (n, bytes(data))
+                self.copied_bytes += n
+        return 0
+
+    def write_to(self, f: RankFile) -> int:
+        """Put every blob in ``f``'s blob folder (before the rank file: a rank file never points
+        at a missing blob); the bytes written."""
+        if not self.pending:  # nothing to import torch for (this runs in the writer's thread)
+            return 0
+        from ..checkpoint.dedup import BlobStore
+
+        store = BlobStore(f.blob_dir, self.reuse_from)
+        written = 0
+        for digest, (n, data) in self.pending.items():
+            if data is None:
+                if not store.path(digest).exists() and not store.link(digest, n):
+                    raise CheckpointError(f"blob {digest} of the checkpoint before this one is gone (removed by "
+                                          f"hand?); the next checkpoint writes it in full")
+                self.linked_bytes += n
+            else:
+                view = memoryview(data)
+                got = store.put(digest, view)
+                written += store.settle(digest, lambda: view) if got is None else got
+            f.blobs[digest] = n
+        return written
+
+
+class Snapshot:
+    """A checkpoint's bytes held in memory: what `state.save_graph` wrote, in the pieces it wrote,
+    and with ``reuse_from`` (a one-rank job) the blobs of its frozen parameters (`SnapshotBlobs`)."""
+
+    def __init__(self, reuse_from: Optional[Sequence[Path]] = None) -> None:
         self.parts: list[bytes] = []
         self.bytes = 0
+        self.blobs = SnapshotBlobs(reuse_from) if reuse_from is not None else None
 
     def write(self, data: Any) -> int:
         piece = bytes(data)  # the copy that lets the program change its tensors right after
@@ -39,6 +93,8 @@ class Snapshot:
         return len(piece)
 
     def write_to(self, f: RankFile) -> None:
+        if self.blobs is not None:
+            self.blobs.write_to(f)
         for piece in self.parts:
             f.write(piece)
 

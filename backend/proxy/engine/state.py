@@ -63,12 +63,12 @@ from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
 from .ports import RuntimeView
 from .rewrite import PREFIX, RT
-from ..checkpoint.store import CheckpointDamaged, CheckpointStore, DigestMismatch, expected_digest
+from ..checkpoint.store import CheckpointDamaged, CheckpointStore, DigestMismatch, RankFile, expected_digest
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from ..checkpoint.store import CheckpointRef, RankFile
+    from ..checkpoint.store import CheckpointRef
 
 try:
     from cloudpickle import cloudpickle as _cp
@@ -847,15 +847,18 @@ def _write_checkpoint(rt: RuntimeView, boundary: Optional[int], label: int,
                        (folders, modules))
         written: dict[str, Any] = {}
 
-        def writer(f: "RankFile") -> None:
-            blob_bytes = save_graph(graph, f, f.blob_dir if ctl.world_size > 1 else None, f.blobs, header)
+        one_rank = ctl.world_size == 1
+
+        def writer(f: RankFile) -> None:
+            blob_bytes = save_graph(graph, f, blobs=f.blobs, header=header, one_rank=one_rank)
             written["bytes"] = f.bytes + blob_bytes
 
         try:
-            if snapshot:
-                snap = background.Snapshot()
-                save_graph(graph, snap, header=header)
-                result: tuple[Any, int, list[str]] = (snap, snap.bytes, sorted(rebuild))
+            if snapshot:  # several ranks: everything inline (their parts may not share a blob folder)
+                snap = background.Snapshot(ctl.store.reusable_blob_dirs() if one_rank else None)
+                save_graph(graph, snap, header=header, one_rank=one_rank)
+                copied = snap.bytes + (snap.blobs.copied_bytes if snap.blobs is not None else 0)
+                result: tuple[Any, int, list[str]] = (snap, copied, sorted(rebuild))
             else:
                 ref = ctl.store.write(label, ctl.rank, ctl.world_size, writer)
                 result = (ref, int(written["bytes"]), sorted(rebuild))
@@ -980,12 +983,14 @@ def _job_folders(rt: RuntimeView) -> list[str]:
 
 def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,
                blobs: Optional[dict[str, int]] = None,
-               header: canonical_strings.Header = canonical_strings.EMPTY) -> int:
+               header: canonical_strings.Header = canonical_strings.EMPTY, one_rank: bool = False) -> int:
     """Write ``graph`` to ``f``; returns the blob bytes this call wrote.
 
     When torch is loaded, `dedup.dump` (pickle protocol 5): each tensor storage once, inline in
-    the file, or with ``blob_dir`` (several ranks) in the shared blob folder unless it is small,
-    recording the blobs the file references in ``blobs``.  Without torch a plain pickle
+    the file, or in a blob folder unless it is small — ``blob_dir``, or the one ``f`` names
+    (a `RankFile`'s, linking from its ``reuse_from``; a `background.Snapshot`'s) — recording the blobs the file
+    references in ``blobs``.  With ``one_rank`` only frozen parameters go to blobs
+    (`dedup.frozen_parameter`: the next checkpoint links them if unchanged).  Without torch a plain pickle
     (protocol 4: nothing in the graph can be a tensor, and importing torch costs ~1 s).
     Before the graph, the ``header`` pickle of the program's strings (`canonical_strings`), which
     the graph refers to rather than writing them again.
@@ -1003,10 +1008,18 @@ def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,
         return 0
     from ..checkpoint import dedup
 
+    if blob_dir is not None:
+        store: Any = dedup.BlobStore(blob_dir)
+    elif isinstance(f, RankFile):
+        store = dedup.BlobStore(f.blob_dir, f.reuse_from)
+    elif isinstance(f, background.Snapshot):
+        store = f.blobs
+    else:
+        store = None
     with notes:
-        stats = dedup.dump(graph, f, dedup.BlobStore(blob_dir) if blob_dir is not None else None,
-                           pickler=PICKLE_MODULE.Pickler, protocol=protocol, on_tensor=training_state.note_tensor,
-                           prepare=header.preload)
+        stats = dedup.dump(graph, f, store, pickler=PICKLE_MODULE.Pickler, protocol=protocol,
+                           on_tensor=training_state.note_tensor, prepare=header.preload,
+                           to_blob=dedup.frozen_parameter if one_rank else None)
     if blobs is not None:
         blobs.update(stats.storages)
     return stats.blob_bytes_written
@@ -1032,7 +1045,9 @@ def _read_graph(path: Path, blob_dir: Path, expected: Optional[tuple[str, Option
                 else:
                     from ..checkpoint import dedup
 
-                    blobs = dedup.BlobStore(blob_dir) if blob_dir.is_dir() else None
+                    # a one-rank checkpoint's blobs (hashed as read, like its file: `verify` did not)
+                    blobs = dedup.BlobStore(blob_dir, verify_reads=isinstance(f, digest.HashingReader)) \
+                        if blob_dir.is_dir() else None
                     graph = dedup.load(f, blobs, unpickler=HeaderedGraphUnpickler, map_location=_map_device)
                 failed: Optional[BaseException] = None
             except Exception as e:  # damaged bytes may fail the unpickler before the digest is known
