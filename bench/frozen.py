@@ -1,7 +1,7 @@
 """Benchmark: checkpoints of a fine-tuning job, whose frozen parameters do not change.
 
     .venv/bin/python bench/frozen.py                      # 100 and 500 MB frozen, 3 reps
-    .venv/bin/python bench/frozen.py --frozen 1000 --trained 20 --reps 5
+    .venv/bin/python bench/frozen.py --frozen 1000 --trained 20 --reps 5 --tensor-mb 4
 
 A one-rank job holds F MB of frozen parameters (``requires_grad=False``) and T MB that training
 changes (trained parameters and an optimizer's moments). Each repetition writes two consecutive
@@ -45,10 +45,10 @@ class _InlineOnly:
         self.write = f.write
 
 
-def _graph(frozen_mb: int, trained_mb: int) -> dict:
+def _graph(frozen_mb: int, trained_mb: int, tensor_mb: int) -> dict:
     torch.manual_seed(0)
-    frozen = [torch.nn.Parameter(torch.randn(1 << 18, 4), requires_grad=False)  # 4 MiB each
-              for _ in range(max(1, frozen_mb // 4))]
+    frozen = [torch.nn.Parameter(torch.randn(tensor_mb << 18), requires_grad=False)
+              for _ in range(max(1, frozen_mb // tensor_mb))]
     trained = torch.nn.Parameter(torch.randn(max(1, trained_mb) << 18))
     return {"frozen": frozen, "trained": trained, "moment": torch.zeros_like(trained), "step": 0}
 
@@ -96,14 +96,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frozen", default="100,500", help="MB of frozen parameters, comma-separated")
     ap.add_argument("--trained", type=int, default=10, help="MB of trained parameters (and as much optimizer state)")
+    ap.add_argument("--tensor-mb", type=int, default=32,
+                    help="MB per frozen tensor (a 7B model's weight matrices are 32-90 MB in bf16)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", help="where to write (default: a temporary folder)")
     args = ap.parse_args(argv)
     base = Path(args.dir or tempfile.mkdtemp(prefix="sg-frozen-"))
-    print(f"folder {base}; trained {args.trained} MB (+ as much optimizer state); {args.reps} reps; medians\n")
+    print(f"folder {base}; frozen tensors of {args.tensor_mb} MB; trained {args.trained} MB (+ as much optimizer"
+          f" state); {args.reps} reps; medians\n")
     print(f"{'frozen':>8} {'way':>7} {'in line 1st':>12} {'in line 2nd':>12} {'ratio':>7} {'snapshot 2nd':>13} {'ratio':>7}")
     for frozen_mb in (int(x) for x in args.frozen.split(",")):
-        graph = _graph(frozen_mb, args.trained)
+        graph = _graph(frozen_mb, args.trained, args.tensor_mb)
         first: dict[str, list[float]] = {w: [] for w in WAYS}
         second: dict[str, list[float]] = {w: [] for w in WAYS}
         held: dict[str, list[float]] = {w: [] for w in WAYS}
