@@ -133,3 +133,22 @@ def test_nodes_without_a_shared_filesystem_migrate_through_the_store(tmp_path):
         assert ck and ck[-1].data["store_path"].startswith(str(tmp_path / "store"))
         caches = {n: cluster.home / "agents" / n / "checkpoint-cache" for n in ("node-1", "node-2")}
         assert all(c.exists() for c in caches.values())  # each node kept its own copy
+
+
+def test_a_fine_tuning_job_migrates_through_the_store_writing_its_frozen_backbone_once(tmp_path):
+    """Back and forth through the store: the second migration's checkpoint links the frozen
+    backbone from the checkpoint the node fetched (and uploads it whole: the store holds whole
+    checkpoints), and the job ends as if it had never moved."""
+    store = f"file://{tmp_path / 'store'}"
+    with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "h", store=store) as cluster, \
+            cluster.client() as client:
+        expected_lines, expected_result = run_plain(client, source("fine_tune.py"))
+        job = client.submit(source("fine_tune.py"), name="fine-tune")
+        wait_for_lines(job, 8)
+        migrate_to_other_node(job, 0)
+        wait_for_lines(job, 20)
+        migrate_to_other_node(job, 1)
+        assert job.wait(120) == JobState.SUCCEEDED
+        assert stdout_lines(job) == expected_lines and job.result() == expected_result
+        written = [e.data["bytes"] for e in job.events(follow=False) if e.type == EventType.CHECKPOINTED]
+        assert len(written) >= 2 and written[0] > 2 * 2**20 and written[-1] < 2**20, written
