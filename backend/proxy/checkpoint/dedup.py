@@ -46,6 +46,7 @@ import os
 import pickle
 import threading
 import types
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Optional, Sequence, Union
@@ -63,6 +64,11 @@ INLINE_BYTES = 64 << 10
 #: a frozen parameter's storage this large goes to a blob in a one-rank checkpoint too, so the next
 #: checkpoint can link it rather than write it again (`frozen_parameter`)
 REUSABLE_BYTES = 1 << 20
+#: threads that write a checkpoint's blobs: 250 blobs of 4 MB took 1.0-3.1 s one after another
+#: on a VM disk, 0.6 s in 4 threads, as long as one file of the same bytes (each fsync waits alone)
+BLOB_WRITERS = 4
+#: at most this many bytes of blobs handed to the writing threads and not yet written
+BLOB_IN_FLIGHT_BYTES = 512 << 20
 Location = Union[None, str, torch.device, Callable[[torch.device], torch.device]]
 
 
@@ -120,13 +126,19 @@ class BlobStore:
     ``reuse_from``: blob folders of committed checkpoints; a blob found there with the same digest
     is hard-linked rather than written (`linked_bytes` counts them). ``verify_reads``: hash every
     blob as it is read (a one-rank checkpoint's blobs are not hashed before the restore).
+    ``writers``: write blobs in that many threads (`put` returns at once; `wait` before relying on
+    them), since one file and one fsync after another leaves the disk idle in between.
     """
 
-    def __init__(self, folder: Path, reuse_from: Sequence[Path] = (), verify_reads: bool = False) -> None:
+    def __init__(self, folder: Path, reuse_from: Sequence[Path] = (), verify_reads: bool = False,
+                 writers: int = 0) -> None:
         self.folder = Path(folder)
         self.reuse_from = tuple(reuse_from)
         self.verify_reads = verify_reads
         self.linked_bytes = 0
+        self.writers = writers
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pending: list[tuple[Future, int]] = []  # (write, bytes), oldest first
 
     def path(self, digest: str) -> Path:
         return self.folder / digest
@@ -139,15 +151,38 @@ class BlobStore:
         blob just before it appeared claim and write it a second time.
         """
         self.folder.mkdir(parents=True, exist_ok=True)
-        if self.path(digest).exists():
+        if self.path(digest).exists() or self.link(digest, len(data)):
             return 0
         fd = self._claim(digest)
         if fd is None:
             return None
+        if not self.writers:
+            return self._write_and_release(digest, data, fd)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.writers, thread_name_prefix="checkpoint-blob")
+        # a device storage's bytes are a host copy held until written: bound what waits
+        while self._pending and sum(n for _f, n in self._pending) + len(data) > BLOB_IN_FLIGHT_BYTES:
+            self._pending.pop(0)[0].result()
+        self._pending.append((self._pool.submit(self._write_and_release, digest, data, fd), len(data)))
+        return len(data)
+
+    def _write_and_release(self, digest: str, data: memoryview, claim_fd: int) -> int:
         try:
             return self._write(digest, data)
         finally:
-            os.close(fd)  # releases the claim's lock: waiting ranks find the blob
+            os.close(claim_fd)  # releases the claim's lock: waiting ranks find the blob
+
+    def wait(self) -> None:
+        """Until every blob `put` handed to the writing threads is complete; raises the first
+        failure (the others are finished or given up first, and their claims released)."""
+        pending, self._pending = self._pending, []
+        try:
+            for future, _n in pending:
+                future.result()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
     def settle(self, digest: str, data: Callable[[], memoryview]) -> int:
         """Make sure a blob claimed by another writer exists; bytes this call wrote.
@@ -484,6 +519,8 @@ def dump(obj: Any, f: BinaryIO, blobs: Optional[BlobStore], pickler: Optional[ty
     finally:
         if collecting:
             gc.enable()
+        if isinstance(blobs, BlobStore):
+            blobs.wait()  # every blob complete (or the failure raised) before the rank file is
     for digest, storage in p.claimed_elsewhere.items():
         stats.blob_bytes_written += blobs.settle(digest, lambda s=storage: storage_bytes(s))
     stats.blob_bytes_linked = getattr(blobs, "linked_bytes", 0) - linked_before

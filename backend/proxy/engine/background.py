@@ -59,21 +59,30 @@ class SnapshotBlobs:
         at a missing blob); the bytes written."""
         if not self.pending:  # nothing to import torch for (this runs in the writer's thread)
             return 0
-        from ..checkpoint.dedup import BlobStore
+        from ..checkpoint.dedup import BLOB_WRITERS, BlobStore
 
-        store = BlobStore(f.blob_dir, self.reuse_from)
+        store = BlobStore(f.blob_dir, self.reuse_from, writers=BLOB_WRITERS)
         written = 0
-        for digest, (n, data) in self.pending.items():
-            if data is None:
-                if not store.path(digest).exists() and not store.link(digest, n):
-                    raise CheckpointError(f"blob {digest} of the checkpoint before this one is gone (removed by "
-                                          f"hand?); the next checkpoint writes it in full")
-                self.linked_bytes += n
-            else:
-                view = memoryview(data)
-                got = store.put(digest, view)
-                written += store.settle(digest, lambda: view) if got is None else got
-            f.blobs[digest] = n
+        claimed: dict[str, memoryview] = {}
+        try:
+            for digest, (n, data) in self.pending.items():
+                if data is None:
+                    if not store.path(digest).exists() and not store.link(digest, n):
+                        raise CheckpointError(f"blob {digest} of the checkpoint before this one is gone (removed "
+                                              f"by hand?); the next checkpoint writes it in full")
+                    self.linked_bytes += n
+                else:
+                    view = memoryview(data)
+                    got = store.put(digest, view)
+                    if got is None:
+                        claimed[digest] = view
+                    else:
+                        written += got
+                f.blobs[digest] = n
+        finally:
+            store.wait()
+        for digest, view in claimed.items():
+            written += store.settle(digest, lambda v=view: v)
         return written
 
 

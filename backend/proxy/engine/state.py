@@ -1011,7 +1011,7 @@ def save_graph(graph: dict, f: Any, blob_dir: Optional[Path] = None,
     if blob_dir is not None:
         store: Any = dedup.BlobStore(blob_dir)
     elif isinstance(f, RankFile):
-        store = dedup.BlobStore(f.blob_dir, f.reuse_from)
+        store = dedup.BlobStore(f.blob_dir, f.reuse_from, writers=dedup.BLOB_WRITERS)
     elif isinstance(f, background.Snapshot):
         store = f.blobs
     else:
