@@ -1,6 +1,7 @@
 """Migration, drain, and recovery from dead workers and agents: nothing lost, output exact."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -119,16 +120,26 @@ def _last(events, etype) -> int:
     return max(e.seq for e in events if e.type == etype)
 
 
-def test_nodes_without_a_shared_filesystem_migrate_through_the_store(tmp_path):
+@contextlib.contextmanager
+def _migrated_through_a_store(tmp_path, program: str, after_lines: list[int]):
+    """Run ``program`` plainly, then as a job moved to the other node once it has printed each
+    count of ``after_lines``, on two nodes that share only a store; the cluster and the job,
+    which ended as the plain run did."""
     store = f"file://{tmp_path / 'store'}"
     with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "h", store=store) as cluster, \
             cluster.client() as client:
-        expected_lines, expected_result = run_plain(client, source("defined_things.py"))
-        job = client.submit(source("defined_things.py"), name="via-store")
-        wait_for_lines(job, 10)
-        migrate_to_other_node(job, 0)
+        expected_lines, expected_result = run_plain(client, source(program))
+        job = client.submit(source(program), name="via-store")
+        for i, count in enumerate(after_lines):
+            wait_for_lines(job, count)
+            migrate_to_other_node(job, i)
         assert job.wait(120) == JobState.SUCCEEDED
         assert stdout_lines(job) == expected_lines and job.result() == expected_result
+        yield cluster, job
+
+
+def test_nodes_without_a_shared_filesystem_migrate_through_the_store(tmp_path):
+    with _migrated_through_a_store(tmp_path, "defined_things.py", [10]) as (cluster, job):
         ck = [e for e in job.events(follow=False) if e.type == EventType.CHECKPOINTED]
         assert ck and ck[-1].data["store_path"].startswith(str(tmp_path / "store"))
         caches = {n: cluster.home / "agents" / n / "checkpoint-cache" for n in ("node-1", "node-2")}
@@ -139,16 +150,6 @@ def test_a_fine_tuning_job_migrates_through_the_store_writing_its_frozen_backbon
     """Back and forth through the store: the second migration's checkpoint links the frozen
     backbone from the checkpoint the node fetched (and uploads it whole: the store holds whole
     checkpoints), and the job ends as if it had never moved."""
-    store = f"file://{tmp_path / 'store'}"
-    with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "h", store=store) as cluster, \
-            cluster.client() as client:
-        expected_lines, expected_result = run_plain(client, source("fine_tune.py"))
-        job = client.submit(source("fine_tune.py"), name="fine-tune")
-        wait_for_lines(job, 8)
-        migrate_to_other_node(job, 0)
-        wait_for_lines(job, 20)
-        migrate_to_other_node(job, 1)
-        assert job.wait(120) == JobState.SUCCEEDED
-        assert stdout_lines(job) == expected_lines and job.result() == expected_result
+    with _migrated_through_a_store(tmp_path, "fine_tune.py", [8, 20]) as (_cluster, job):
         written = [e.data["bytes"] for e in job.events(follow=False) if e.type == EventType.CHECKPOINTED]
         assert len(written) >= 2 and written[0] > 2 * 2**20 and written[-1] < 2**20, written

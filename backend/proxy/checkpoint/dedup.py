@@ -144,7 +144,8 @@ class BlobStore:
         return self.folder / digest
 
     def put(self, digest: str, data: memoryview) -> Optional[int]:
-        """Store ``data`` under ``digest`` unless it is there; bytes written, None if another writer has it.
+        """Store ``data`` under ``digest`` unless it is there (or link it: `link`); bytes written
+        (with ``writers``: handed to a thread to write), None if another writer has it.
 
         None means the blob was claimed by someone else: call `settle` before relying on it.  The
         empty ``<digest>.claim`` file stays: removing it would let a rank that checked for the
