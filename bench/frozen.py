@@ -39,7 +39,7 @@ WAYS = ("inline", "blobs", "linked")
 
 
 class _InlineOnly:
-    """A rank file that names no blob folder: every storage goes inline."""
+    """A rank file (or snapshot) that names no blob folder: every storage goes inline."""
 
     def __init__(self, f) -> None:
         self.write = f.write
@@ -76,7 +76,7 @@ def _behind(store: CheckpointStore, step: int, graph: dict, way: str) -> float:
     t = time.perf_counter()
     if way == "inline":
         snap = background.Snapshot()
-        state.save_graph(graph, snap)
+        state.save_graph(graph, _InlineOnly(snap))
     else:
         snap = background.Snapshot(store.reusable_blob_dirs())
         state.save_graph(graph, snap, one_rank=True)

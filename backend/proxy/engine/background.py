@@ -29,8 +29,9 @@ from ..checkpoint.store import RankFile, lower_this_thread
 
 
 class SnapshotBlobs:
-    """The blobs a snapshot's pickle refers to (a one-rank job's frozen parameters: see
-    `dedup.frozen_parameter`), written with the rank file behind the loop.
+    """The blobs a snapshot's pickle refers to, written with the rank file behind the loop: a
+    one-rank job's frozen parameters (`dedup.frozen_parameter`), every large storage of a rank of
+    several (written once for all ranks, as in line).
 
     At the safe point each is hashed where it lies; one the newest committed checkpoint has is only
     named (no copy: `write_to` links it), any other is copied, like the inline bytes.
@@ -88,12 +89,12 @@ class SnapshotBlobs:
 
 class Snapshot:
     """A checkpoint's bytes held in memory: what `state.save_graph` wrote, in the pieces it wrote,
-    and with ``reuse_from`` (a one-rank job) the blobs of its frozen parameters (`SnapshotBlobs`)."""
+    and the blobs it refers to (`SnapshotBlobs`; ``reuse_from``: blob folders to link from)."""
 
-    def __init__(self, reuse_from: Optional[Sequence[Path]] = None) -> None:
+    def __init__(self, reuse_from: Sequence[Path] = ()) -> None:
         self.parts: list[bytes] = []
         self.bytes = 0
-        self.blobs = SnapshotBlobs(reuse_from) if reuse_from is not None else None
+        self.blobs = SnapshotBlobs(reuse_from)
 
     def write(self, data: Any) -> int:
         piece = bytes(data)  # the copy that lets the program change its tensors right after
@@ -102,8 +103,7 @@ class Snapshot:
         return len(piece)
 
     def write_to(self, f: RankFile) -> None:
-        if self.blobs is not None:
-            self.blobs.write_to(f)
+        self.blobs.write_to(f)
         for piece in self.parts:
             f.write(piece)
 

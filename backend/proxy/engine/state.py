@@ -854,10 +854,10 @@ def _write_checkpoint(rt: RuntimeView, boundary: Optional[int], label: int,
             written["bytes"] = f.bytes + blob_bytes
 
         try:
-            if snapshot:  # several ranks: everything inline (their parts may not share a blob folder)
-                snap = background.Snapshot(ctl.store.reusable_blob_dirs() if one_rank else None)
+            if snapshot:
+                snap = background.Snapshot(ctl.store.reusable_blob_dirs())
                 save_graph(graph, snap, header=header, one_rank=one_rank)
-                copied = snap.bytes + (snap.blobs.copied_bytes if snap.blobs is not None else 0)
+                copied = snap.bytes + snap.blobs.copied_bytes
                 result: tuple[Any, int, list[str]] = (snap, copied, sorted(rebuild))
             else:
                 ref = ctl.store.write(label, ctl.rank, ctl.world_size, writer)
