@@ -21,6 +21,8 @@ from singularity_sdk.errors import CheckpointFailed
 
 STEPS = 60  # ~2 s: room for the preempt, resizes and a node loss to land before the end
 ENV = {"STEPS": str(STEPS)}
+#: a model whose weights and Adam moments (128 KB each) are blobs: the parts' blobs meet too
+BLOBS = {**ENV, "HIDDEN": "1024"}
 
 
 def _part(root, step: int, rank: int, world: int, blob: bytes) -> None:
@@ -83,12 +85,12 @@ def test_a_data_parallel_job_spread_over_nodes_checkpoints_through_the_store(tmp
     store = tmp_path / "store"
     with LocalCluster(nodes=2, devices_per_node=1, home=tmp_path / "h", store=f"file://{store}",
                       checkpoint_timeout=120) as cluster, cluster.client() as client:
-        plain = client.submit(source("ddp_train.py"), gpus=2, env=ENV, name="ddp-plain")
+        plain = client.submit(source("ddp_train.py"), gpus=2, env=BLOBS, name="ddp-plain")
         assert plain.wait(180) == JobState.SUCCEEDED, plain.info.error
         assert {p.node for p in plain.info.placement} == {"node-1", "node-2"}
         reference = rank_lines(plain), plain.result()
 
-        job = client.submit(source("ddp_train.py"), gpus=2, env=ENV, name="ddp-spread")
+        job = client.submit(source("ddp_train.py"), gpus=2, env=BLOBS, name="ddp-spread")
         wait_for_lines(job, 12)
         assert {p.node for p in job.refresh().placement} == {"node-1", "node-2"}
         job.preempt(timeout=120)  # a checkpoint of two parts written on two nodes
@@ -149,10 +151,10 @@ def test_a_spread_job_whose_rank_0_node_dies_resumes_from_the_store_exactly(tmp_
     """Rank 0's node is where the parts met: the committed checkpoints it uploaded carry the job on."""
     with LocalCluster(nodes=3, devices_per_node=1, home=tmp_path / "h", store=f"file://{tmp_path / 'store'}",
                       node_timeout=600) as cluster, cluster.client() as client:
-        plain = client.submit(source("ddp_train.py"), gpus=2, env=ENV, name="ddp-plain")
+        plain = client.submit(source("ddp_train.py"), gpus=2, env=BLOBS, name="ddp-plain")
         assert plain.wait(180) == JobState.SUCCEEDED, plain.info.error
         reference = rank_lines(plain)
-        job = client.submit(source("ddp_train.py"), gpus=2, env=ENV, name="ddp-node-lost", checkpoint_every=0.3)
+        job = client.submit(source("ddp_train.py"), gpus=2, env=BLOBS, name="ddp-node-lost", checkpoint_every=0.3)
         for ev in job.events():
             if ev.type == EventType.CHECKPOINTED and ev.data.get("step", 0) > 5 and ev.data.get("store_path"):
                 break

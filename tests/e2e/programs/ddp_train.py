@@ -11,7 +11,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Dropout(0.1), nn.Linear(64, 8))
+hidden = int(os.environ.get("HIDDEN", "64"))  # 1024: weights and moments large enough to be blobs
+model = nn.Sequential(nn.Linear(32, hidden), nn.Tanh(), nn.Dropout(0.1), nn.Linear(hidden, 8))
 ddp = DDP(model)
 opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
 data = torch.Generator().manual_seed(1000 + rank)
