@@ -204,7 +204,8 @@ class BlobStore:
                 os.close(fd)
         if self.path(digest).exists():
             return 0
-        return self._write(digest, data())
+        view = data()
+        return 0 if self.link(digest, len(view)) else self._write(digest, view)
 
     def _claim(self, digest: str) -> Optional[int]:
         """Create ``<digest>.claim`` already locked (link of a locked temp file); None if it exists."""
@@ -243,9 +244,7 @@ class BlobStore:
 
     def _write(self, digest: str, data: memoryview) -> int:
         """Temp name, fsync, rename: a blob is complete or absent (concurrent equal writes are fine).
-        A blob an earlier checkpoint has is linked instead (0 bytes written)."""
-        if self.link(digest, len(data)):
-            return 0
+        Callers link a blob an earlier checkpoint has first (`link`)."""
         part = self.path(f"{digest}.{os.getpid()}.{threading.get_ident()}.part")
         with open(part, "wb") as f:
             f.write(data)
