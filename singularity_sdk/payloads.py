@@ -46,6 +46,8 @@ class Started(Payload):
     #: bytes the node had copied while the source was still writing and uploading it
     fetch_s: Optional[float] = None
     prefetched_bytes: Optional[int] = None
+    #: bytes of the checkpoint's blobs this node held already (linked, not fetched)
+    linked_bytes: Optional[int] = None
 
 
 class Log(Payload):
@@ -96,6 +98,11 @@ class Checkpointed(Payload):
     wait_s: Optional[float] = None
     path: Optional[str] = None
     store_path: Optional[str] = None
+    #: with a store: the upload's seconds after the commit, the bytes it sent, and the bytes of
+    #: unchanged blobs it copied within the store instead
+    upload_s: Optional[float] = None
+    upload_bytes: Optional[int] = None
+    reused_bytes: Optional[int] = None
     #: what its exact continuation depends on (versions, device model): where it may resume
     fingerprint: Optional[dict[str, Any]] = None
 

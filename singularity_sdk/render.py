@@ -47,6 +47,7 @@ def describe(ev: Event) -> str:
         return f"scheduled on {_where(p.placement)} (attempt {p.attempt}; {p.reason})"
     if t == EventType.STARTED:
         early = f", {_size(p.prefetched_bytes)} of it while it was written" if p.prefetched_bytes else ""
+        early += f", {_size(p.linked_bytes)} of unchanged blobs already here" if p.linked_bytes else ""
         fetched = "" if p.fetch_s is None else f"; checkpoint fetched in {_secs(p.fetch_s)}{early}"
         return f"started on {p.node}: ranks {p.ranks}, pids {list(p.pids.values())}{fetched}"
     if t == EventType.LOG:
@@ -70,8 +71,9 @@ def describe(ev: Event) -> str:
         who = f"rank {p.rank}: " if p.rank else ""
         return f"{who}checkpoint started ({p.reason or 'requested'})"
     if t == EventType.CHECKPOINTED:
+        unsent = f"; {_size(p.reused_bytes)} of unchanged blobs not uploaded again" if p.reused_bytes else ""
         return (f"checkpointed at step {p.step}: {_size(p.bytes)} in {_secs(p.seconds)} "
-                f"(safe point reached after {_secs(p.wait_s)})")
+                f"(safe point reached after {_secs(p.wait_s)}){unsent}")
     if t == EventType.CHECKPOINT_FAILED:
         return f"checkpoint failed: {p.error}"
     if t == EventType.PREEMPTING:

@@ -364,9 +364,10 @@ class Agent:
                     await asyncio.to_thread(prefetch.stop)
                 elif spec.restore:
                     early = await asyncio.to_thread(prefetch.finish) if prefetch is not None else {}
-                    await asyncio.to_thread(self.transfer.download, spec.job_id, upto=spec.restore_step)
+                    linked = await asyncio.to_thread(self.transfer.download, spec.job_id, upto=spec.restore_step)
                     run.fetched = {"fetch_s": round(time.monotonic() - t0, 3),
-                                   "prefetched_bytes": sum(early.values())}
+                                   "prefetched_bytes": sum(early.values()),
+                                   "linked_bytes": linked + (prefetch.linked_bytes if prefetch is not None else 0)}
             if spec.restore and spec.restore_step is not None:
                 gone = CheckpointStore(self.checkpoint_root / spec.job_id).discard_after(spec.restore_step)
                 if gone:
@@ -393,8 +394,9 @@ class Agent:
         of checkpoints that every node can restore."""
         assert self.transfer is not None
         t0 = time.monotonic()
-        remote = await asyncio.to_thread(self.transfer.upload, run.spec.job_id, run.spec.attempt, Path(data["path"]))
-        return {"store_path": remote, "upload_s": round(time.monotonic() - t0, 3)}
+        up = await asyncio.to_thread(self.transfer.upload, run.spec.job_id, run.spec.attempt, Path(data["path"]))
+        return {"store_path": up.path, "upload_s": round(time.monotonic() - t0, 3), "upload_bytes": up.sent_bytes,
+                "reused_bytes": up.reused_bytes}
 
     async def _cleanup_when_done(self, run: JobRun) -> None:
         await run.done.wait()

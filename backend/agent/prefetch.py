@@ -12,6 +12,10 @@ against the manifest's size and digest, fetches again whole any file that does n
 source rewrote it, or dropped a streamed copy and uploaded the file whole), and renames the folder
 to ``ckpt-N``, where `CheckpointTransfer.download` finds it when the job starts here.
 
+A blob (named by its digest) that a committed checkpoint of this node's cache holds, such as a
+fine-tuning job's frozen weights on their way back to a node they left, is hard-linked from there
+rather than copied.
+
 Nothing counts because it was prefetched: the manifest decides, as for a plain download, and the
 worker verifies every digest again when it reads. A store whose objects appear only once complete
 (S3, GCS) still gains: each file is fetched as soon as it appears rather than after the last.
@@ -47,23 +51,26 @@ class _Copy:
     """One file of the checkpoint, copied here as it grows in the store (files there are only
     ever appended to until the manifest names them)."""
 
-    def __init__(self, local: Path) -> None:
+    def __init__(self, local: Path, linked: bool = False) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
         self.local = local
-        self.out = open(local, "wb")
-        self.got = 0
+        #: a blob linked from a checkpoint of this node's cache: nothing to copy (the install
+        #: checks its size against the manifest, the worker its digest)
+        self.linked = linked
+        self.out = None if linked else open(local, "wb")
+        self.got = local.stat().st_size if linked else 0
         self.hash = digest.new()
         #: copied from the committed file from its first byte (after a `restart`): what a download gets
-        self.fresh = False
+        self.fresh = linked
         #: whole, and matching the manifest (or `fresh`)
-        self.checked = False
+        self.checked = linked
 
     def pull(self, fs: Any, remote: str, size: int, limit: Optional[int],
              stop: Callable[[], bool] = lambda: False) -> int:
         """Copy up to ``limit`` (None: all) of the bytes between what is here and ``size``, a
         piece at a time, until ``stop()`` says to."""
         want = size - self.got if limit is None else min(size - self.got, limit)
-        if want <= 0:
+        if want <= 0 or self.out is None:
             return 0
         moved = 0
         with fs.open(remote, "rb") as f:
@@ -78,12 +85,16 @@ class _Copy:
 
     def restart(self) -> None:
         """The copy does not match the manifest: copy the committed file again from its start."""
+        if self.out is None:  # a linked blob is never rewritten in place: it is another file's bytes
+            self.local.unlink(missing_ok=True)
+            self.out, self.linked = open(self.local, "wb"), False
         self.out.seek(0)
         self.out.truncate()
         self.got, self.hash, self.fresh = 0, digest.new(), True
 
     def close(self) -> None:
-        self.out.close()
+        if self.out is not None:
+            self.out.close()
 
 
 class Prefetcher:
@@ -105,6 +116,8 @@ class Prefetcher:
         self.copies: dict[tuple[int, str], _Copy] = {}
         #: steps installed into the cache, and the bytes copied before their manifest was in the store
         self.installed: dict[int, int] = {}
+        #: bytes of the installed steps' blobs linked from the cache rather than copied
+        self.linked_bytes = 0
         #: steps of the store's checkpoints when the prefetch began: only newer ones are followed
         self._after = -1
         #: steps whose prefetch failed: the start downloads them as before
@@ -236,7 +249,12 @@ class Prefetcher:
     def _copy(self, step: int, rel: str) -> _Copy:
         key = (step, rel)
         if key not in self.copies:
-            self.copies[key] = _Copy(self._staging(step) / rel)
+            local = self._staging(step) / rel
+            linked = False
+            if rel.startswith(f"{BLOB_DIR}/"):  # an unchanged blob of a checkpoint this node holds
+                local.parent.mkdir(parents=True, exist_ok=True)
+                linked = self.t.link_cached_blob(self.local_job, local)
+            self.copies[key] = _Copy(local, linked)
         return self.copies[key]
 
     def _staging(self, step: int) -> Path:
@@ -248,7 +266,7 @@ class Prefetcher:
         finishing, it runs to the end."""
         remote = f"{job}/ckpt-{step:08d}"
         final = self.local_job / f"ckpt-{step:08d}"
-        early = self._early.setdefault(step, sum(c.got for (s, _), c in self.copies.items() if s == step))
+        early = self._early.setdefault(step, sum(c.got for (s, _), c in self.copies.items() if s == step and not c.linked))
         if (final / MANIFEST).exists():
             self._drop(step)
             self.installed[step] = early
@@ -284,6 +302,8 @@ class Prefetcher:
             self._drop(step)
             return moved
         for key in [k for k in self.copies if k[0] == step]:
+            if self.copies[key].linked:
+                self.linked_bytes += self.copies[key].got
             del self.copies[key]
         os.replace(staging, final)
         self.installed[step] = early

@@ -29,6 +29,14 @@ ranks' finished parts (``parts/a<attempt>/ckpt-N/`` in the job's folder of the s
 ``rank-R.json`` last), and the agent of rank 0's node fetches the others' parts into its staging
 folder (``rank-R.json`` last again) and commits the set there, exactly as a last local rank would.
 Rank 0 then reports the checkpoint and its agent uploads it whole, as for a one-node job.
+
+Blobs are named by the digest of their bytes, and a fine-tuning job's frozen weights stay the same
+blob from one checkpoint to the next. So an upload copies a blob that a committed checkpoint of
+the job in the store already holds *within the store* (a hard link on a filesystem store, a
+server-side copy on an object store) instead of sending it again, and a download or a prefetch
+links a blob that a committed checkpoint of this node's cache holds instead of fetching it. A
+blob is taken from elsewhere only under its digest's name and with the manifest's size; the
+worker hashes it again when it reads it, as every blob. ``reuse_blobs=False`` turns this off.
 """
 from __future__ import annotations
 
@@ -42,7 +50,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, NamedTuple, Optional
 
 import fsspec
 
@@ -68,11 +76,21 @@ class StaleAttempt(Exception):
     """This attempt has been superseded; its checkpoints must not reach the store."""
 
 
+class Uploaded(NamedTuple):
+    """Where a checkpoint went in the store, the bytes sent there, and the bytes of its blobs that
+    were copied within the store from an earlier checkpoint instead."""
+    path: str
+    sent_bytes: int
+    reused_bytes: int
+
+
 class CheckpointTransfer:
-    def __init__(self, store_url: str, cache_root: Path):
+    def __init__(self, store_url: str, cache_root: Path, reuse_blobs: bool = True):
         self.fs, root = fsspec.core.url_to_fs(store_url)
         self.root = root.rstrip("/")
         self.cache_root = Path(cache_root)
+        #: copy blobs an earlier checkpoint holds within the store / link them in the cache (see above)
+        self.reuse_blobs = reuse_blobs
         #: job -> the streamer of its attempt running here (`stream`)
         self._streamers: dict[str, Streamer] = {}
 
@@ -105,12 +123,13 @@ class CheckpointTransfer:
         if self._streamers.get(streamer.job_id) is streamer:
             del self._streamers[streamer.job_id]
 
-    def upload(self, job_id: str, attempt: int, local: Path) -> str:
-        """Copy one committed checkpoint folder to the store; returns its remote path.
+    def upload(self, job_id: str, attempt: int, local: Path) -> Uploaded:
+        """Copy one committed checkpoint folder to the store.
 
         Rank files this attempt's streamer has been sending are finished and moved into place
-        when they are exactly the committed bytes; every other file is copied now; the manifest
-        goes last, so the checkpoint is complete in the store only once all of it is there."""
+        when they are exactly the committed bytes; a blob that a checkpoint in the store already
+        holds is copied there; every other file is sent now; the manifest goes last, so the
+        checkpoint is complete in the store only once all of it is there."""
         newest = self._fenced(job_id)
         if attempt < newest:
             raise StaleAttempt(f"attempt {attempt} of {job_id} is stale (attempt {newest} has started)")
@@ -119,21 +138,63 @@ class CheckpointTransfer:
         entries = json.loads((local / "manifest.json").read_text()).get("files") or {}
         streamer = self._streamers.get(job_id)
         step = committed_step(local.name)
+        in_store = self.blobs_in_store(job_id, but=local.name)
+        sent = reused = 0
         for f in _files(local):
             rel = f.relative_to(local).as_posix()
             stream = streamer.take(step, rel) if streamer is not None and streamer.attempt == attempt else None
             if stream is not None and stream.complete(f, entries.get(rel)):
                 self.fs.mv(stream.path, f"{remote}/{rel}")
+                sent += stream.sent
                 continue
             if stream is not None:
                 stream.discard()
             if "/" in rel:
                 self.fs.makedirs(f"{remote}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
-            self.fs.put_file(str(f), f"{remote}/{rel}")
+            if rel.startswith(f"{BLOB_DIR}/"):
+                moved = self.put_blob(f, f"{remote}/{rel}", in_store)
+                sent, reused = sent + moved, reused + f.stat().st_size - moved
+            else:
+                self.fs.put_file(str(f), f"{remote}/{rel}")
+                sent += f.stat().st_size
         publish(self.fs, local / "manifest.json", f"{remote}/manifest.json")  # last: marks it complete
         self._forget_streams(job_id, attempt, step)
         self._prune(job_id, keep=2)
-        return remote
+        if reused:
+            log.info("uploaded %s of %s: %d bytes sent, %d bytes of unchanged blobs copied within the store",
+                     local.name, job_id, sent, reused)
+        return Uploaded(remote, sent, reused)
+
+    def blobs_in_store(self, job_id: str, but: str = "") -> dict[str, tuple[str, int]]:
+        """Digest -> (path, bytes) of the blobs of the job's complete checkpoints in the store
+        (their manifests say which, newest first), leaving out the checkpoint named ``but``."""
+        found: dict[str, tuple[str, int]] = {}
+        if not self.reuse_blobs:
+            return found
+        for name in reversed(self._committed(job_id)):
+            if name == but:
+                continue
+            folder = f"{self._job(job_id)}/{name}"
+            try:
+                manifest = json.loads(self.fs.cat_file(f"{folder}/manifest.json"))
+            except (OSError, ValueError):
+                continue  # pruned meanwhile, or unreadable: its blobs are simply sent again
+            for blob, entry in (manifest.get("blobs") or {}).items():
+                found.setdefault(blob, (f"{folder}/{BLOB_DIR}/{blob}", int(entry.get("bytes", -1))))
+        return found
+
+    def put_blob(self, local: Path, remote: str, in_store: dict[str, tuple[str, int]]) -> int:
+        """Put the blob ``local`` at ``remote``: copied within the store when ``in_store`` (from
+        `blobs_in_store`) has it with the same size, else sent. Returns the bytes sent."""
+        known = in_store.get(local.name)
+        if known is not None and known[1] == local.stat().st_size:
+            try:
+                copy_in_store(self.fs, known[0], remote)
+                return 0
+            except (OSError, FileNotFoundError) as exc:  # pruned since the listing: send it
+                log.info("copying %s within the store failed (%s); sending it", known[0], exc)
+        self.fs.put_file(str(local), remote)
+        return local.stat().st_size
 
     def _forget_streams(self, job_id: str, attempt: int, upto: Optional[int]) -> None:
         """Stream folders of this attempt's checkpoints up to ``upto`` are uploaded now (or were
@@ -171,12 +232,14 @@ class CheckpointTransfer:
         for name in self._committed(job_id)[:-keep]:
             self.fs.rm(f"{self._job(job_id)}/{name}", recursive=True)
 
-    def download(self, job_id: str, keep: int = 2, upto: Optional[int] = None) -> Optional[Path]:
+    def download(self, job_id: str, keep: int = 2, upto: Optional[int] = None) -> int:
         """Fetch the newest ``keep`` complete checkpoints (of steps up to ``upto``, the one the
-        server names) missing from the local cache.
+        server names) missing from the local cache (``cache_root/job_id``, what the worker
+        restores from).
 
-        Returns the job's local checkpoint folder (what the worker restores from). Each one is
-        fetched into a hidden staging folder and renamed, so a crash never leaves half of one."""
+        Each one is fetched into a hidden staging folder and renamed, so a crash never leaves half
+        of one. Returns the bytes of blobs linked from the cache rather than fetched."""
+        linked = 0
         local_job = self.cache_root / job_id
         local_job.mkdir(parents=True, exist_ok=True)
         names = [n for n in self._committed(job_id) if upto is None or (committed_step(n) or 0) <= upto]
@@ -188,16 +251,41 @@ class CheckpointTransfer:
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
             remote = f"{self._job(job_id)}/{name}"
-            for entry in self.fs.find(remote):
+            for entry, info in self.fs.find(remote, detail=True).items():
                 rel = entry[len(remote):].strip("/")
                 (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+                if rel.startswith(f"{BLOB_DIR}/") and self.link_cached_blob(local_job, staging / rel, info.get("size")):
+                    linked += int(info.get("size") or 0)
+                    continue
                 self.fs.get_file(entry, str(staging / rel))
             if (why := why_incomplete(staging)) is not None:
                 log.warning("%s of %s in the store is damaged and was not fetched: %s", name, job_id, why)
                 shutil.rmtree(staging, ignore_errors=True)
                 continue
             os.replace(staging, target)
-        return local_job
+        return linked
+
+    def link_cached_blob(self, local_job: Path, target: Path, nbytes: Any = None) -> bool:
+        """Hard-link ``target`` (a blob, named by its digest) from a committed checkpoint of this
+        node's cache of the job that holds it (with ``nbytes`` bytes, where known); False if none
+        does (or reuse is off, or the link fails)."""
+        if not self.reuse_blobs:
+            return False
+        try:
+            folders = sorted((p for p in local_job.iterdir() if committed_step(p.name) is not None
+                              and (p / "manifest.json").exists()), reverse=True)
+        except FileNotFoundError:
+            return False
+        for folder in folders:
+            source = folder / BLOB_DIR / target.name
+            try:
+                if nbytes is not None and source.stat().st_size != int(nbytes):
+                    continue
+                _link(source, target)
+                return True
+            except OSError:
+                continue
+        return False
 
     def exchange(self, job_id: str, attempt: int, world_size: int, local_ranks: Iterable[int]) -> "PartExchange":
         """The part exchange of one attempt of a job whose ranks are not all on this node."""
@@ -206,6 +294,30 @@ class CheckpointTransfer:
     def clear(self, job_id: str) -> None:
         if self.fs.exists(self._job(job_id)):
             self.fs.rm(self._job(job_id), recursive=True)
+
+
+def _link(source: Path, target: Path) -> None:
+    """Hard-link ``source`` at ``target`` whole or not at all (a hidden name, then a rename)."""
+    tmp = target.with_name(f".{target.name}.link")
+    try:
+        os.link(source, tmp)
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def copy_in_store(fs: Any, source: str, target: str) -> None:
+    """Copy ``source`` to ``target`` without the bytes passing through this node: a hard link on
+    a filesystem store (checkpoints that share a blob share its disk bytes there, as in the
+    cache), else the store's own copy (S3's CopyObject, GCS's rewrite)."""
+    if "file" in fs.protocol:
+        try:
+            _link(Path(source), Path(target))
+            return
+        except OSError:
+            pass  # another filesystem under the store's root, or no hard links: copy
+    fs.copy(source, target)
 
 
 def _files(folder: Path) -> list[Path]:
@@ -494,10 +606,11 @@ class PartExchange:
                 remote = self._remote(step)
                 self.t.fs.makedirs(f"{remote}/{BLOB_DIR}", exist_ok=True)
                 sent_blobs = self.sent_blobs.setdefault(step, set())
-                for blob in json.loads(side.read_text()).get("blobs") or {}:
-                    if blob not in sent_blobs:
-                        self.t.fs.put_file(str(staging / BLOB_DIR / blob), f"{remote}/{BLOB_DIR}/{blob}")
-                        sent_blobs.add(blob)
+                blobs = [b for b in json.loads(side.read_text()).get("blobs") or {} if b not in sent_blobs]
+                in_store = self.t.blobs_in_store(self.job_id) if blobs else {}
+                for blob in blobs:
+                    self.t.put_blob(staging / BLOB_DIR / blob, f"{remote}/{BLOB_DIR}/{blob}", in_store)
+                    sent_blobs.add(blob)
                 self.t.fs.put_file(str(staging / f"rank-{rank}.pt"), f"{remote}/rank-{rank}.pt")
                 publish(self.t.fs, side, f"{remote}/rank-{rank}.json")  # last: the part is complete
                 self.sent.add((step, rank))
@@ -534,7 +647,8 @@ class PartExchange:
             if target.exists() and target.stat().st_size == int(nbytes):
                 continue  # the same bytes, written here by a local rank
             blob_dir.mkdir(exist_ok=True)
-            self._get(f"{remote}/{BLOB_DIR}/{blob}", target)
+            if not self.t.link_cached_blob(staging.parent, target, nbytes):
+                self._get(f"{remote}/{BLOB_DIR}/{blob}", target)
         self._get(f"{remote}/rank-{rank}.pt", staging / f"rank-{rank}.pt")
         tmp = staging / f"rank-{rank}.json.fetch"
         tmp.write_text(json.dumps(side))

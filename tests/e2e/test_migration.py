@@ -148,8 +148,15 @@ def test_nodes_without_a_shared_filesystem_migrate_through_the_store(tmp_path):
 
 def test_a_fine_tuning_job_migrates_through_the_store_writing_its_frozen_backbone_once(tmp_path):
     """Back and forth through the store: the second migration's checkpoint links the frozen
-    backbone from the checkpoint the node fetched (and uploads it whole: the store holds whole
-    checkpoints), and the job ends as if it had never moved."""
+    backbone from the checkpoint the node fetched, its upload copies the backbone within the store
+    instead of sending it, the node it returns to links the backbone from the checkpoint it wrote
+    there, and the job ends as if it had never moved."""
     with _migrated_through_a_store(tmp_path, "fine_tune.py", [8, 20]) as (_cluster, job):
-        written = [e.data["bytes"] for e in job.events(follow=False) if e.type == EventType.CHECKPOINTED]
-        assert len(written) >= 2 and written[0] > 2 * 2**20 and written[-1] < 2**20, written
+        ck = [e.data for e in job.events(follow=False) if e.type == EventType.CHECKPOINTED]
+        assert len(ck) >= 2 and ck[0]["bytes"] > 2 * 2**20 and ck[-1]["bytes"] < 2**20, ck
+        assert ck[0]["reused_bytes"] == 0 and ck[0]["upload_bytes"] >= 2 * 2**20, ck[0]
+        assert ck[-1]["reused_bytes"] >= 2 * 2**20 and ck[-1]["upload_bytes"] < 2**20, ck[-1]
+        # node-1 wrote the first checkpoint and restored the last: it held the backbone already
+        starts = [e.data for e in job.events(follow=False) if e.type == EventType.STARTED]
+        assert [s["node"] for s in starts] == ["node-1", "node-2", "node-1"], starts
+        assert starts[1]["linked_bytes"] == 0 and starts[2]["linked_bytes"] >= 2 * 2**20, starts
