@@ -16,6 +16,14 @@ changed in between, three ways side by side:
 are freed after it); ``snapshot`` is how long a periodic checkpoint written behind the loop
 holds the loop for the second checkpoint (`background.Snapshot`). Times are medians in seconds;
 the ratios are to ``inline`` in the same run.
+
+``--tables store`` (or ``local,store``) gives a second table: the same job moving through an fsspec store (a ``file://``
+folder, ``--store-dir`` to put it on another device). Each repetition uploads a first checkpoint
+and fetches it onto a second node, trains, then times the upload of the second checkpoint and its
+fetch onto that node (a job migrating back to a node it left), two ways side by side:
+
+  whole     ``CheckpointTransfer(reuse_blobs=False)``: every blob sent and fetched again
+  reused    as shipped: unchanged blobs copied within the store and linked from the cache
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from backend.agent.transfer import CheckpointTransfer  # noqa: E402
 from backend.proxy.checkpoint.store import CheckpointStore  # noqa: E402
 from backend.proxy.engine import background, state  # noqa: E402
 
@@ -92,6 +101,48 @@ def _train(graph: dict) -> None:
     graph["step"] += 1
 
 
+def _through_store(base: Path, store_dir: Path, graph: dict, reuse: bool) -> tuple[float, int, float, int]:
+    """Seconds and bytes of the second checkpoint's upload, then of its fetch onto the node that
+    holds the first."""
+    store = store_dir.as_uri()
+    src = CheckpointTransfer(store, base / "src", reuse_blobs=reuse)
+    dst = CheckpointTransfer(store, base / "dst", reuse_blobs=reuse)
+    src.fence("job", 1)
+    ckpts = CheckpointStore(base / "src" / "job", keep=2)
+    _in_line(ckpts, 1, graph, "linked")
+    src.upload("job", 1, ckpts.checkpoints()[0])
+    dst.download("job")
+    _train(graph)
+    _in_line(ckpts, 2, graph, "linked")
+    t = time.perf_counter()
+    up = src.upload("job", 1, ckpts.checkpoints()[0])
+    t_up = time.perf_counter() - t
+    total = sum(f.stat().st_size for f in ckpts.checkpoints()[0].rglob("*") if f.is_file())
+    t = time.perf_counter()
+    linked = dst.download("job")
+    t_down = time.perf_counter() - t
+    return t_up, up.sent_bytes, t_down, total - linked
+
+
+def _store_table(base: Path, store_base: Path, sizes: list[int], args: argparse.Namespace) -> None:
+    print("through a store: the second checkpoint's upload, and its fetch onto a node holding the first")
+    print(f"{'frozen':>8} {'way':>7} {'upload':>8} {'sent MB':>8} {'ratio':>7} {'fetch':>8} {'fetched MB':>11} {'ratio':>7}")
+    for frozen_mb in sizes:
+        graph = _graph(frozen_mb, args.trained, args.tensor_mb)
+        got: dict[str, list[tuple[float, int, float, int]]] = {"whole": [], "reused": []}
+        for rep in range(args.reps):
+            for way in got:  # alternated, as above
+                root, store = base / f"nodes-{frozen_mb}-{way}-{rep}", store_base / f"store-{frozen_mb}-{way}-{rep}"
+                got[way].append(_through_store(root, store, graph, reuse=way == "reused"))
+                shutil.rmtree(root, ignore_errors=True)
+                shutil.rmtree(store, ignore_errors=True)
+        med = {w: [statistics.median(r[i] for r in rows) for i in range(4)] for w, rows in got.items()}
+        for way, (up, sent, down, fetched) in med.items():
+            print(f"{frozen_mb:>5} MB {way:>7} {up:>8.3f} {sent / 2**20:>8.1f} {up / med['whole'][0]:>6.2f}x"
+                  f" {down:>8.3f} {fetched / 2**20:>11.1f} {down / med['whole'][2]:>6.2f}x")
+        print()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frozen", default="100,500", help="MB of frozen parameters, comma-separated")
@@ -100,12 +151,23 @@ def main(argv=None) -> int:
                     help="MB per frozen tensor (a 7B model's weight matrices are 32-90 MB in bf16)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", help="where to write (default: a temporary folder)")
+    ap.add_argument("--tables", default="local", help="local (checkpoints on one node), store (moves through an"
+                    " fsspec store), or both: local,store")
+    ap.add_argument("--store-dir", help="where the store's folder goes (default: beside the checkpoints)")
     args = ap.parse_args(argv)
+    tables = args.tables.split(",")
+    if not tables or set(tables) - {"local", "store"}:
+        ap.error(f"--tables {args.tables}: choose from local, store (comma-separated)")
     base = Path(args.dir or tempfile.mkdtemp(prefix="sg-frozen-"))
     print(f"folder {base}; frozen tensors of {args.tensor_mb} MB; trained {args.trained} MB (+ as much optimizer"
           f" state); {args.reps} reps; medians\n")
-    print(f"{'frozen':>8} {'way':>7} {'in line 1st':>12} {'in line 2nd':>12} {'ratio':>7} {'snapshot 2nd':>13} {'ratio':>7}")
-    for frozen_mb in (int(x) for x in args.frozen.split(",")):
+    sizes = [int(x) for x in args.frozen.split(",")]
+    if "store" in tables:
+        _store_table(base, Path(args.store_dir) if args.store_dir else base, sizes, args)
+    if "local" in tables:
+        print(f"{'frozen':>8} {'way':>7} {'in line 1st':>12} {'in line 2nd':>12} {'ratio':>7} {'snapshot 2nd':>13}"
+              f" {'ratio':>7}")
+    for frozen_mb in sizes if "local" in tables else []:
         graph = _graph(frozen_mb, args.trained, args.tensor_mb)
         first: dict[str, list[float]] = {w: [] for w in WAYS}
         second: dict[str, list[float]] = {w: [] for w in WAYS}

@@ -194,3 +194,24 @@ def test_a_checkpoint_of_cuda_tensors_round_trips_through_blobs(tmp_path):
     for k, v in state["net"].items():
         assert torch.equal(back["net"][k], v), k
     assert torch.equal(back["opt"]["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+
+
+@needs_gpu
+def test_a_snapshot_holds_one_host_copy_of_a_frozen_cuda_parameter(tmp_path):
+    """Behind the loop, a frozen CUDA parameter's blob waits as the host copy `to_host` made, not
+    as a second copy of it, and the checkpoint written from it loads back equal."""
+    from backend.proxy.checkpoint.store import CheckpointStore
+    from backend.proxy.engine import background
+    from backend.proxy.engine import state as engine_state
+
+    torch.manual_seed(0)
+    frozen = torch.nn.Parameter(torch.randn(1 << 20, device="cuda"), requires_grad=False)
+    graph = {"frozen": frozen, "head": torch.randn(64, device="cuda")}
+    snap = background.Snapshot()
+    engine_state.save_graph(graph, snap, one_rank=True)
+    held = [data for _n, data in snap.blobs.pending.values()]
+    assert len(held) == 1 and isinstance(held[0], memoryview), held  # the host array itself
+    store = CheckpointStore(tmp_path / "ck")
+    store.write(1, 0, 1, snap.write_to)
+    ref = store.latest(contents=True)
+    assert ref is not None and sum(b["bytes"] for b in ref.blobs.values()) == frozen.nbytes

@@ -124,6 +124,26 @@ def test_behind_the_loop_an_unchanged_frozen_parameter_is_neither_copied_nor_wri
     assert torch.equal(_load(store)["backbone"], expected_backbone)
 
 
+def test_a_snapshot_keeps_a_device_storages_host_copy_and_copies_a_view_of_live_memory(tmp_path):
+    """A device storage reaches the snapshot as a host array made for it (`to_host`): keeping that
+    array is safe and saves a second copy of the model's bytes. A CPU tensor's bytes are a view of
+    memory the loop changes next, so they are copied."""
+    from backend.proxy.checkpoint import dedup
+    from backend.proxy.checkpoint.host_copy import to_host
+
+    blobs = background.SnapshotBlobs(())
+    private = memoryview(to_host(torch.arange(1024, dtype=torch.float32).untyped_storage()))
+    live_tensor = torch.arange(1024, dtype=torch.float32)
+    live = dedup.storage_bytes(live_tensor.untyped_storage())
+    assert dedup.is_private_copy(private) and not dedup.is_private_copy(live)
+    blobs.put("a" * 32, private)
+    blobs.put("b" * 32, live)
+    assert blobs.pending["a" * 32][1] is private  # kept, not copied again
+    live_tensor.add_(1.0)  # the loop goes on
+    assert bytes(blobs.pending["b" * 32][1]) == torch.arange(1024, dtype=torch.float32).numpy().tobytes()
+    assert blobs.copied_bytes == 2 * 4096
+
+
 FINE_TUNE = """
 import argparse
 import time

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 from ..checkpoint.errors import CheckpointError
 from ..checkpoint.store import RankFile, lower_this_thread
@@ -34,24 +34,27 @@ class SnapshotBlobs:
     several (written once for all ranks, as in line).
 
     At the safe point each is hashed where it lies; one the newest committed checkpoint has is only
-    named (no copy: `write_to` links it), any other is copied, like the inline bytes.
+    named (no copy: `write_to` links it), any other is copied, like the inline bytes. A device
+    storage's bytes arrive as a host copy made for this checkpoint (`dedup.is_private_copy`): that
+    copy is kept as it is, not copied a second time.
     """
 
     def __init__(self, reuse_from: Sequence[Path]) -> None:
         self.reuse_from = tuple(reuse_from)
-        self.pending: dict[str, tuple[int, Optional[bytes]]] = {}  # digest -> (bytes, copy or None: link)
+        #: digest -> (bytes, the copy to write, or None: link it)
+        self.pending: dict[str, tuple[int, Optional[Union[bytes, memoryview]]]] = {}
         self.copied_bytes = 0
         self.linked_bytes = 0
 
     def put(self, digest: str, data: memoryview) -> int:
-        from ..checkpoint.dedup import reusable
+        from ..checkpoint.dedup import is_private_copy, reusable
 
         if digest not in self.pending:
             n = len(data)
             if reusable(self.reuse_from, digest, n) is not None:
                 self.pending[digest] = (n, None)
             else:
-                self.pending[digest] = (n, bytes(data))
+                self.pending[digest] = (n, data if is_private_copy(data) else bytes(data))
                 self.copied_bytes += n
         return 0
 
