@@ -59,7 +59,7 @@ left = {nbytes} // 4
 state = []
 while left > 0:
     n = min(left, {chunk} // 4)
-    state.append(torch.rand(n, device="{device}"))
+    state.append({wrap_open}torch.rand(n, device="{device}"){wrap_close})
     left -= n
 w = torch.zeros(1024, device="{device}")
 for step in range(10_000_000):
@@ -69,8 +69,11 @@ for step in range(10_000_000):
 '''
 
 
-def job_source(size_mb: int, device: str = "cpu") -> str:
-    return JOB.format(nbytes=size_mb * MB, chunk=CHUNK, device=device)
+def job_source(size_mb: int, device: str = "cpu", frozen: bool = False) -> str:
+    """The job: ``size_mb`` of tensors it reads every step; ``frozen``: as frozen parameters
+    (``requires_grad=False``), the weights of a fine-tuning job, which checkpoints keep in blobs."""
+    wrap = ("torch.nn.Parameter(", ", requires_grad=False)") if frozen else ("", "")
+    return JOB.format(nbytes=size_mb * MB, chunk=CHUNK, device=device, wrap_open=wrap[0], wrap_close=wrap[1])
 
 
 def device_to_host_s(nbytes: int, reps: int = 3) -> float:

@@ -18,7 +18,9 @@ Two LocalClusters of 2 nodes x 1 device, one after the other:
   the store (the default configuration); ``stream``: streaming without prefetch; ``store``: both.
 
 The job is the one of ``bench/checkpoint.py`` (``size`` MB of float32 tensors, then a loop that
-prints a line every ~10 ms). It is migrated ``--reps`` times, alternately node-1 -> node-2 and
+prints a line every ~10 ms); in a ``MODE+frozen`` mode its tensors are frozen parameters, as a
+fine-tuning job's weights: the first migration writes and moves them, later ones link them on
+disk and in the store, and the disk columns then stand for the whole state's bytes. It is migrated ``--reps`` times, alternately node-1 -> node-2 and
 node-2 -> node-1 (``job.migrate(other)``). Phases, from the events:
 
   safe point  ``migrating`` (request) -> ``checkpoint_started`` (includes server -> agent -> worker)
@@ -59,8 +61,8 @@ def node_of(job: Any) -> str:
     return job.refresh().info.placement[0].node
 
 
-def measure_size(client: Any, disk_folder: Path, size_mb: int, reps: int) -> list[dict[str, float]]:
-    job = client.submit(job_source(size_mb), name=f"mig-{size_mb}MB", filename="state.py")
+def measure_size(client: Any, disk_folder: Path, size_mb: int, reps: int, frozen: bool = False) -> list[dict[str, float]]:
+    job = client.submit(job_source(size_mb, frozen=frozen), name=f"mig-{size_mb}MB", filename="state.py")
     c = Collector(job)
     rows: list[dict[str, float]] = []
     try:
@@ -76,7 +78,7 @@ def measure_size(client: Any, disk_folder: Path, size_mb: int, reps: int) -> lis
             sp = stop_point(c, req.seq)
             rp = restart_point(c, sp["done_seq"])
             moved = c.first(EventType.MIGRATED, req.seq)
-            nbytes = sp["bytes"]
+            nbytes = max(sp["bytes"], size_mb * MB)  # what was written, or (blobs linked) the whole state
             disk = best(disk_before, disk_time(disk_folder, nbytes))
             ready_t = sp["started_t"] + sp["write_s"] + sp["upload_s"]
             rows.append({
@@ -111,22 +113,24 @@ STORE_MODES = {"serial": (False, False), "prefetch": (False, True), "stream": (T
 
 def run_mode(mode: str, sizes: list[int], reps: int, tmp: Path, store_root: Path) -> list[dict[str, Any]]:
     store: Optional[str] = None
-    if mode in STORE_MODES:
+    base, _, state = mode.partition("+")
+    if base in STORE_MODES:
         store = (store_root / mode).as_uri()
-    streams, prefetches = STORE_MODES.get(mode, (False, False))
+    streams, prefetches = STORE_MODES.get(base, (False, False))
     os.environ[STREAM_ENV] = "1" if streams else "0"  # the cluster's agents inherit them
     os.environ[PREFETCH_ENV] = "1" if prefetches else "0"
     with LocalCluster(nodes=2, devices_per_node=1, store=store) as cluster, cluster.client() as client:
         folder = (cluster.home / "agents" / "node-1" / "checkpoint-cache") if store else cluster.home / "checkpoints"
         folder.mkdir(parents=True, exist_ok=True)
         print(f"[{mode}] {'store ' + store + ', ' if store else ''}disk baseline in {folder}", flush=True)
-        return [{"mode": mode, "size": s, "rows": measure_size(client, folder, s, reps)} for s in sizes]
+        return [{"mode": mode, "size": s, "rows": measure_size(client, folder, s, reps, frozen=state == "frozen")}
+                for s in sizes]
 
 
 def report(results: list[dict[str, Any]]) -> None:
     print("\nmedians over the migrations (node-1 <-> node-2, alternating); times in seconds; "
           "disk = write+fsync and read of the same bytes, same run\n")
-    head = [("mode", 6), ("size", 7), ("safe pt", 7), ("write", 6), ("upload", 6), ("handover", 8),
+    head = [("mode", 15), ("size", 7), ("safe pt", 7), ("write", 6), ("upload", 6), ("handover", 8),
             ("fetch+spawn", 11), ("start->resumed", 14), ("resumed->line", 13), ("total", 6),
             ("(migrated)", 10), ("disk w+r", 8), ("total/disk", 10)]
     rows = []
@@ -138,7 +142,7 @@ def report(results: list[dict[str, Any]]) -> None:
                      fmt_s(med(x, "to_resumed")), fmt_s(med(x, "to_line")), fmt_s(med(x, "total")),
                      fmt_s(med(x, "migrated_s")), fmt_s(disk), f"{med(x, 'total') / disk:.1f}x"])
     print_table("migration: request -> first new iteration on the target", head, rows)
-    head = [("mode", 6), ("size", 7), ("bytes", 11), ("write/disk w", 12), ("transfer", 8),
+    head = [("mode", 15), ("size", 7), ("bytes", 11), ("write/disk w", 12), ("transfer", 8),
             ("transfer/disk w+r", 17), ("total", 6), ("fixed", 6), ("bound", 6), ("", 6)]
     rows = []
     fixed: dict[str, float] = {}
@@ -163,7 +167,8 @@ def main() -> None:
     p.add_argument("--modes", default="shared,serial,store",
                    help="shared (one checkpoint folder); through an fsspec file:// store: serial (upload after the "
                         "commit, fetch at the start), prefetch (the destination copies as the upload arrives), "
-                        "stream (the upload streams during the write), store (both)")
+                        "stream (the upload streams during the write), store (both); MODE+frozen: the job's state "
+                        "is frozen parameters (a fine-tuning job), so unchanged blobs are linked and not sent again")
     p.add_argument("--quick", action="store_true", help="10 and 100 MB, one migration each")
     p.add_argument("--store-dir", type=Path, default=None,
                    help="where the store modes' store lives (default: beside the caches, on their disk); a folder "
@@ -173,6 +178,11 @@ def main() -> None:
     if args.quick:
         sizes, args.reps = [s for s in sizes if s <= 100] or [10], 1
     modes = [m for m in args.modes.split(",") if m]
+    valid = ["shared", *STORE_MODES]
+    for m in modes:
+        base, _, state = m.partition("+")
+        if base not in valid or state not in ("", "frozen"):
+            p.error(f"--modes: {m!r} is not one of {', '.join(valid)} (each may end in +frozen)")
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="bench-migration-"))
     store_root = Path(tempfile.mkdtemp(prefix="bench-migration-store-", dir=args.store_dir)) if args.store_dir else tmp
