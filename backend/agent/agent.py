@@ -404,6 +404,9 @@ class Agent:
             del self.runs[run.spec.job_id]
         # off the event loop: twenty jobs ending together held every node's output for ~10 ms each
         await asyncio.to_thread(shutil.rmtree, run.run_dir, ignore_errors=True)
+        # checkpoints the worker pruned just before it exited (a preemption's commit does not wait
+        # for their removal: docs/checkpoint-format.md)
+        await asyncio.to_thread(CheckpointStore(self.checkpoint_root / run.spec.job_id).remove_pruned)
 
     async def _stop_job(self, msg: StopJob) -> None:
         run = self.runs.get(msg.job_id)

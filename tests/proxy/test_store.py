@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -90,7 +91,28 @@ def test_staging_folders_are_never_read_and_are_pruned(tmp_path):
     assert store.latest().step == 1
     store.write(3, 0, 1, _bytes(b"b"))
     store.write(5, 0, 1, _bytes(b"c"))
+    store.remove_pruned()  # what the thread behind the commit does (and the agent after an exit)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000003", "ckpt-00000005"]
+
+
+def test_a_pruned_checkpoint_leaves_readers_sight_at_the_commit_and_the_disk_behind_it(tmp_path):
+    """The commit renames what it prunes out of sight and leaves the removal to a thread; what a
+    process that exits at once leaves (a preempted worker) goes at the next prune or `clear`."""
+    store = CheckpointStore(tmp_path, keep=1)
+    store.write(1, 0, 1, _bytes(b"a"))
+    left = tmp_path / ".ckpt-00000000.999-0.pruned"  # a process that died before its thread ran
+    (left / "blobs").mkdir(parents=True)
+    (left / "rank-0.pt").write_bytes(b"old")
+    store.write(2, 0, 1, _bytes(b"b"))
+    assert [p.name for p in store.checkpoints()] == ["ckpt-00000002"]
+    assert not (tmp_path / "ckpt-00000001").exists()
+    deadline = time.monotonic() + 30  # a liveness bound for the thread, not a timing claim
+    while [p for p in tmp_path.iterdir() if p.name.endswith(".pruned")] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000002"]
+    (tmp_path / ".ckpt-00000001.999-1.pruned").mkdir()
+    store.clear()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_multi_rank_set_commits_only_when_every_rank_wrote(tmp_path):
