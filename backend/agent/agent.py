@@ -49,7 +49,7 @@ from singularity_sdk.protocol import (
 from backend import contract
 from backend.contract import ENV_LOG_LEVEL
 from backend.proxy.checkpoint.fingerprint import node as node_fingerprint
-from backend.proxy.checkpoint.store import CheckpointStore
+from backend.proxy.checkpoint.store import CheckpointStore, committed_step
 from singularity_sdk import tls
 from singularity_sdk.config import default_home
 
@@ -394,7 +394,12 @@ class Agent:
         of checkpoints that every node can restore."""
         assert self.transfer is not None
         t0 = time.monotonic()
-        up = await asyncio.to_thread(self.transfer.upload, run.spec.job_id, run.spec.attempt, Path(data["path"]))
+        spec = run.spec
+        up = await asyncio.to_thread(self.transfer.upload, spec.job_id, spec.attempt, Path(data["path"]), False)
+        # begins once the report is out (it is emitted before this task runs): what the upload
+        # supersedes in the store is removed while the job moves on
+        asyncio.create_task(asyncio.to_thread(self.transfer.tidy, spec.job_id, spec.attempt,
+                                              committed_step(Path(data["path"]).name)))
         return {"store_path": up.path, "upload_s": round(time.monotonic() - t0, 3), "upload_bytes": up.sent_bytes,
                 "reused_bytes": up.reused_bytes}
 
