@@ -1,13 +1,24 @@
-"""A checkpoint written twice under the same name while the source's streamer sleeps: shared by
-the store's streaming and prefetch tests, each of which must never restore the first try."""
+"""What the store's transfer tests share: waiting for a background thread, and a checkpoint written
+twice under the same name while the source's streamer sleeps (the streaming and prefetch tests
+must never restore the first try)."""
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import pytest
 
 from backend.agent.transfer import Streamer
 from backend.proxy.checkpoint.store import CheckpointRef, CheckpointStore
+
+
+def until(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Wait for ``cond`` (a liveness bound, not a timing claim)."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"still not: {what}")
+        time.sleep(0.005)
 
 
 def write_twice_under_one_name(ckpts: CheckpointStore, streamer: Streamer, step: int, old: bytes, new: bytes,

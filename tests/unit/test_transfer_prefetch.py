@@ -7,27 +7,17 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from backend.agent.prefetch import Prefetcher
 from backend.agent.transfer import CheckpointTransfer
 from backend.proxy.checkpoint.store import CheckpointStore
+from transfer_scenarios import until as _until
 from transfer_scenarios import write_twice_under_one_name
 
 MB = 1 << 20
-
-
-def _until(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    """Wait for ``cond`` (a liveness bound, not a timing claim)."""
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"still not: {what}")
-        time.sleep(0.005)
 
 
 def _prefetched(cache: Path, step: int) -> Path:

@@ -6,25 +6,15 @@ nodes, the prefetcher's thread."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
-from typing import Callable
 
 from backend.agent.prefetch import Prefetcher
 from backend.agent.transfer import CheckpointTransfer
 from backend.proxy.checkpoint import digest
 from backend.proxy.checkpoint.store import CheckpointRef, CheckpointStore
+from transfer_scenarios import until as _until
 
 MB = 1 << 20
-
-
-def _until(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    """Wait for ``cond`` (a liveness bound, not a timing claim)."""
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"still not: {what}")
-        time.sleep(0.005)
 
 
 def _name(data: bytes) -> str:
@@ -50,26 +40,16 @@ def _write(cache: Path, step: int, blobs: list[bytes], rank_bytes: bytes, rank: 
     return CheckpointStore(cache / "job").write(step, rank, world_size, _writer(blobs, rank_bytes))
 
 
-def _spy_puts(monkeypatch, t: CheckpointTransfer) -> list[str]:
-    """Names of the files sent to the store (fsspec shares the instance: undone after)."""
-    put, seen = t.fs.put_file, []
+def _spy(monkeypatch, method: str, t: CheckpointTransfer) -> list[str]:
+    """Names of the files ``t.fs.<method>`` (put_file: sent to the store, get_file: fetched) moved
+    (fsspec shares the instance: undone after)."""
+    real, seen = getattr(t.fs, method), []
 
-    def put_file(lpath, rpath, *args, **kwargs):
-        seen.append(os.path.basename(rpath))
-        return put(lpath, rpath, *args, **kwargs)
+    def spy(src, dst, *args, **kwargs):
+        seen.append(os.path.basename(dst if method == "put_file" else src))
+        return real(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(t.fs, "put_file", put_file)
-    return seen
-
-
-def _spy_gets(monkeypatch, t: CheckpointTransfer) -> list[str]:
-    get, seen = t.fs.get_file, []
-
-    def get_file(rpath, lpath, *args, **kwargs):
-        seen.append(os.path.basename(rpath))
-        return get(rpath, lpath, *args, **kwargs)
-
-    monkeypatch.setattr(t.fs, "get_file", get_file)
+    monkeypatch.setattr(t.fs, method, spy)
     return seen
 
 
@@ -85,7 +65,7 @@ def test_an_unchanged_blob_is_copied_within_the_store_not_sent_again(tmp_path, m
     first = src.upload("job", 1, _write(tmp_path / "src", 1, [frozen, head], b"rank one").path)
     assert (first.sent_bytes, first.reused_bytes) == (4 * MB + len(b"rank one"), 0)
 
-    sent = _spy_puts(monkeypatch, src)
+    sent = _spy(monkeypatch, "put_file", src)
     changed = os.urandom(MB)
     second = src.upload("job", 1, _write(tmp_path / "src", 2, [frozen, changed], b"rank two").path)
     assert second.reused_bytes == 3 * MB and second.sent_bytes == MB + len(b"rank two")
@@ -116,7 +96,7 @@ def test_a_download_links_the_blobs_its_cache_already_holds(tmp_path, monkeypatc
     frozen = os.urandom(2 * MB)
     src.upload("job", 1, _write(tmp_path / "src", 1, [frozen], b"one").path)
     dst.download("job")
-    fetched = _spy_gets(monkeypatch, dst)
+    fetched = _spy(monkeypatch, "get_file", dst)
     changed = os.urandom(MB)
     src.upload("job", 1, _write(tmp_path / "src", 2, [frozen, changed], b"two").path)
     dst.download("job")
@@ -137,7 +117,7 @@ def test_a_cached_blob_of_another_size_is_not_linked_but_fetched(tmp_path, monke
     dst.download("job")
     with open(tmp_path / "dst" / "job" / "ckpt-00000001" / "blobs" / _name(frozen), "r+b") as f:
         f.truncate(MB)  # torn in this node's cache
-    fetched = _spy_gets(monkeypatch, dst)
+    fetched = _spy(monkeypatch, "get_file", dst)
     src.upload("job", 1, _write(tmp_path / "src", 2, [frozen], b"two").path)
     dst.download("job")
     assert _name(frozen) in fetched
@@ -154,7 +134,7 @@ def test_without_reuse_every_blob_is_moved_whole(tmp_path, monkeypatch):
     frozen = os.urandom(MB)
     src.upload("job", 1, _write(tmp_path / "src", 1, [frozen], b"one").path)
     dst.download("job")
-    fetched = _spy_gets(monkeypatch, dst)
+    fetched = _spy(monkeypatch, "get_file", dst)
     second = src.upload("job", 1, _write(tmp_path / "src", 2, [frozen], b"two").path)
     dst.download("job")
     assert second.reused_bytes == 0 and _name(frozen) in fetched
@@ -209,7 +189,7 @@ def test_parts_of_a_spread_job_reuse_blobs_on_both_sides(tmp_path, monkeypatch):
     a.upload("job", 1, _write(tmp_path / "a", 1, [shared], b"r0", rank=0, world_size=2).path)
 
     sender, gatherer = b.exchange("job", 1, 2, [1]), a.exchange("job", 1, 2, [0])
-    sent, fetched = _spy_puts(monkeypatch, b), _spy_gets(monkeypatch, a)
+    sent, fetched = _spy(monkeypatch, "put_file", b), _spy(monkeypatch, "get_file", a)
     _write(tmp_path / "b", 2, [shared, own], b"r1 two", rank=1, world_size=2)
     sender.step()
     assert "rank-1.pt" in sent and _name(shared) not in sent and _name(own) not in sent

@@ -10,28 +10,18 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from backend.agent.transfer import STREAMS, CheckpointTransfer, StaleAttempt
 from backend.proxy.checkpoint import digest
 from backend.proxy.checkpoint.store import SLEEP_HOOK_ENV, CheckpointStore
+from transfer_scenarios import until as _until
 from transfer_scenarios import write_twice_under_one_name
 
 MB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _until(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    """Wait for ``cond`` (a liveness bound, not a timing claim)."""
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"still not: {what}")
-        time.sleep(0.005)
 
 
 def _streamed(store: Path, attempt: int, step: int) -> Path:
