@@ -1,6 +1,6 @@
 """How long a periodic checkpoint stops the training loop, beside an in-memory copy of the state.
 
-    python bench/periodic.py [--sizes 100,500] [--every 1.0] [--steps 120] [--ranks 1]
+    python bench/periodic.py [--sizes 100,500] [--every 1.0] [--steps 120] [--ranks 1] [--device cuda]
 
 A script holding ``size`` MB of float32 tensors runs a loop of fixed steps (a small matmul,
 ~10 ms) under the engine with ``--checkpoint-every``; each step's duration is printed.  A step
@@ -35,28 +35,36 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = '''
 import time, torch
 torch.manual_seed(0)
-state = [torch.rand(4 << 20) for _ in range({chunks})]   # 16 MiB each
-x = torch.rand(256, 256)
-copies = []
-for i in range(5):  # the floor: an in-memory copy of the same tensors
+device = "{device}"
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+state = [torch.rand(4 << 20, device=device) for _ in range({chunks})]   # 16 MiB each
+x = torch.rand(256, 256, device=device)
+# the floor: an in-memory copy of the same tensors; on a GPU, into page-locked memory kept for it
+floor = [torch.empty(4 << 20, pin_memory=True) for _ in state] if device == "cuda" else None
+for i in range(5):
+    sync()
     t = time.perf_counter()
-    copies = [s.clone() for s in state]
+    copies = [s.clone() for s in state] if floor is None else [f.copy_(s) for f, s in zip(floor, state)]
+    sync()
     copies = []
     print(json.dumps({{"memcpy": time.perf_counter() - t}}), flush=True)
+floor = None
 for step in range({steps}):
     t = time.perf_counter()
     deadline = t + 0.010
     while time.perf_counter() < deadline:
         y = x @ x
+        sync()
     state[step % len(state)][0] += 1.0
+    sync()
     print(json.dumps({{"step": step, "s": time.perf_counter() - t}}), flush=True)
 '''
 
 
-def run(size_mb: int, every: float, steps: int, in_line: bool, folder: Path) -> dict:
+def run(size_mb: int, every: float, steps: int, in_line: bool, folder: Path, device: str = "cpu") -> dict:
     chunks = max(1, round(size_mb / 16.777216))
     script = folder / f"periodic-{size_mb}.py"
-    script.write_text("import json\n" + SCRIPT.format(chunks=chunks, steps=steps))
+    script.write_text("import json\n" + SCRIPT.format(chunks=chunks, steps=steps, device=device))
     args = [sys.executable, "-m", "backend.proxy", str(script), "--checkpoint-dir", str(folder / f"ck-{size_mb}-{in_line}"),
             "--checkpoint-every", str(every)] + (["--write-in-line"] if in_line else [])
     out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=True,
@@ -131,7 +139,11 @@ def main() -> None:
     p.add_argument("--every", type=float, default=1.0)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--ranks", type=int, default=1, help="W > 1: a data-parallel job of W ranks through the service")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the one-rank job's tensors live (cuda: the floor is a copy into page-locked memory)")
     args = p.parse_args()
+    if args.device == "cuda" and args.ranks > 1:
+        p.error("--device cuda is for the one-rank job (the data-parallel one runs on CPU slots)")
     if args.ranks > 1:
         sys.path.insert(0, str(ROOT))
     print(f"{'size':>7} {'writer':>8} {'ckpts':>6} {'step':>9} {'stall':>9} {'at safe pt':>11} {'memcpy':>9} "
@@ -140,7 +152,7 @@ def main() -> None:
         for size in (int(s) for s in args.sizes.split(",")):
             for in_line in (True, False):
                 r = run_ddp(size, args.every, args.steps, in_line, args.ranks) if args.ranks > 1 else \
-                    run(size, args.every, args.steps, in_line, Path(tmp))
+                    run(size, args.every, args.steps, in_line, Path(tmp), args.device)
                 print(f"{size:>4} MB {'in line' if in_line else 'behind':>8} {r['checkpoints']:>6} "
                       f"{r['median_step'] * 1e3:>6.1f} ms {r['stall'] * 1e3:>6.1f} ms {r['at_safe_point'] * 1e3:>8.1f} ms "
                       f"{r['memcpy'] * 1e3:>6.1f} ms "

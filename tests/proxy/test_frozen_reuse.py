@@ -126,8 +126,13 @@ def test_behind_the_loop_an_unchanged_frozen_parameter_is_neither_copied_nor_wri
 
 def test_a_snapshot_keeps_a_device_storages_host_copy_and_copies_a_view_of_live_memory(tmp_path):
     """A device storage reaches the snapshot as a host array made for it (`to_host`): keeping that
-    array is safe and saves a second copy of the model's bytes. A CPU tensor's bytes are a view of
-    memory the loop changes next, so they are copied."""
+    array is safe and saves a second copy of the model's bytes. A CPU tensor's bytes, and a numpy
+    array of the program's own (which owns its memory as a host copy does), are views of memory
+    the loop changes next, so they are copied."""
+    import pickle
+
+    import numpy as np
+
     from backend.proxy.checkpoint import dedup
     from backend.proxy.checkpoint.host_copy import to_host
 
@@ -135,13 +140,47 @@ def test_a_snapshot_keeps_a_device_storages_host_copy_and_copies_a_view_of_live_
     private = memoryview(to_host(torch.arange(1024, dtype=torch.float32).untyped_storage()))
     live_tensor = torch.arange(1024, dtype=torch.float32)
     live = dedup.storage_bytes(live_tensor.untyped_storage())
-    assert dedup.is_private_copy(private) and not dedup.is_private_copy(live)
     blobs.put("a" * 32, private)
     blobs.put("b" * 32, live)
     assert blobs.pending["a" * 32][1] is private  # kept, not copied again
     live_tensor.add_(1.0)  # the loop goes on
     assert bytes(blobs.pending["b" * 32][1]) == torch.arange(1024, dtype=torch.float32).numpy().tobytes()
     assert blobs.copied_bytes == 2 * 4096
+
+    # inline pieces, as the pickler hands them over (protocol 5 `PickleBuffer`s)
+    snap = background.Snapshot()
+    host = to_host(torch.ones(256).untyped_storage())
+    mine = np.zeros(4096, dtype=np.uint8)  # the program's array: owns its memory, changes next
+    snap.write(pickle.PickleBuffer(memoryview(host)))
+    snap.write(pickle.PickleBuffer(mine))
+    assert np.shares_memory(np.asarray(snap.parts[0]), host)
+    mine += 7
+    assert isinstance(snap.parts[1], bytes) and snap.parts[1] == bytes(4096)
+
+
+def test_a_snapshot_of_host_copies_written_after_the_loop_changed_the_tensors_holds_the_safe_points(
+        tmp_path, monkeypatch):
+    """The whole path a GPU job's periodic checkpoint takes, on CPU: every storage copied to the
+    host at the safe point (as `storage_bytes` does for a device), the snapshot keeping those
+    copies, the tensors changed before the write; the checkpoint holds the safe point's values."""
+    from backend.proxy.checkpoint import dedup
+    from backend.proxy.checkpoint.host_copy import to_host
+
+    monkeypatch.setattr(dedup, "storage_bytes", lambda storage: memoryview(to_host(storage)))
+    monkeypatch.setattr(dedup, "_tensor_bytes", lambda t, storage: memoryview(to_host(storage)))
+    store = CheckpointStore(tmp_path / "ck")
+    g = _model()
+    expected = {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in g.items()}
+    snap = background.Snapshot(store.reusable_blob_dirs())
+    state.save_graph(g, snap, one_rank=True)
+    assert any(isinstance(p, memoryview) for p in snap.parts)  # host copies kept, not copied again
+    with torch.no_grad():  # the loop goes on before the write behind it
+        for k in ("backbone", "head", "moment"):
+            g[k].add_(5.0)
+    store.write(1, 0, 1, snap.write_to)
+    back = _load(store)
+    for k in ("backbone", "head", "moment"):
+        assert torch.equal(back[k], expected[k]), k
 
 
 FINE_TUNE = """

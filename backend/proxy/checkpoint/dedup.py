@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Optional, Sequence, Union
 
-import numpy as np
 import torch
 
 from . import digest as digest_module
@@ -100,15 +99,6 @@ def storage_bytes(storage: torch.UntypedStorage) -> memoryview:
     t = torch.empty(0, dtype=torch.uint8)
     t.set_(storage, 0, (storage.nbytes(),), (1,))
     return memoryview(t.numpy()).cast("B")
-
-
-def is_private_copy(data: memoryview) -> bool:
-    """Whether ``data`` is a host array made for this checkpoint alone (`to_host`'s copy of a
-    device storage), not a view of memory the program may change after the safe point: a
-    snapshot can keep it as it is instead of copying it again. Arrays numpy allocated own their
-    memory; those over a tensor's (``Tensor.numpy()``) never do."""
-    obj = data.obj
-    return isinstance(obj, np.ndarray) and obj.flags.owndata
 
 
 def frozen_parameter(t: torch.Tensor, nbytes: int) -> bool:

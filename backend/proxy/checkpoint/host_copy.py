@@ -12,13 +12,14 @@ allocated at the first checkpoint.  bench/gpu_copy.py measures the ways side by 
 """
 from __future__ import annotations
 
+import pickle
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
-__all__ = ["CHUNK_BYTES", "staging_chunks", "to_host"]
+__all__ = ["CHUNK_BYTES", "HostCopy", "is_host_copy", "staging_chunks", "to_host"]
 
 #: bytes per staging chunk; two are kept per process
 CHUNK_BYTES = 64 << 20
@@ -26,6 +27,21 @@ CHUNK_BYTES = 64 << 20
 _lock = threading.Lock()  # the periodic writer and a preemption may copy at once
 _staging: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 _events: dict[int, tuple["torch.cuda.Event", "torch.cuda.Event"]] = {}  # device index -> the chunks' events
+
+
+class HostCopy(np.ndarray):
+    """The array `to_host` returns: bytes copied for one checkpoint, which nothing else refers to
+    or changes. A snapshot may keep it as it is rather than copy it again (`is_host_copy`); an
+    array of the program's own, which may change after the safe point, is never one."""
+
+
+def is_host_copy(data: Any) -> bool:
+    """Whether ``data`` (a memoryview or a ``PickleBuffer``, as a pickler writes it) is a view of a
+    `HostCopy`."""
+    obj = data.raw() if isinstance(data, pickle.PickleBuffer) else data
+    while isinstance(obj, memoryview):
+        obj = obj.obj
+    return isinstance(obj, HostCopy)
 
 
 def staging_chunks() -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,7 +60,7 @@ def to_host(storage: torch.UntypedStorage, chunk_bytes: int = CHUNK_BYTES) -> np
     through the page-locked pair; a CPU storage in one copy.
     """
     n = storage.nbytes()
-    out = np.empty(n, dtype=np.uint8)
+    out = np.empty(n, dtype=np.uint8).view(HostCopy)
     if n == 0:
         return out
     src = torch.empty(0, dtype=torch.uint8, device=storage.device)

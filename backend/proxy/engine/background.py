@@ -20,6 +20,8 @@ for a set that will never be complete (`CheckpointStore.failed_parts`).
 """
 from __future__ import annotations
 
+import pickle
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
@@ -28,15 +30,31 @@ from ..checkpoint.errors import CheckpointError
 from ..checkpoint.store import RankFile, lower_this_thread
 
 
+def is_host_copy(data: Any) -> bool:
+    """`host_copy.is_host_copy`, without importing torch for a job that has none (no device
+    storage was copied to the host unless that module is loaded)."""
+    host_copy = sys.modules.get("backend.proxy.checkpoint.host_copy")
+    return host_copy is not None and host_copy.is_host_copy(data)
+
+
+def _kept(data: Any) -> Union[bytes, memoryview]:
+    """What a snapshot holds of ``data`` until it is written: a copy, which lets the program change
+    its tensors right after the safe point; but a device storage's bytes, already copied to the
+    host for this checkpoint alone, as they are (a second copy of a GPU's state would double
+    the snapshot's time and memory)."""
+    if is_host_copy(data):
+        return data.raw() if isinstance(data, pickle.PickleBuffer) else data
+    return bytes(data)
+
+
 class SnapshotBlobs:
     """The blobs a snapshot's pickle refers to, written with the rank file behind the loop: a
     one-rank job's frozen parameters (`dedup.frozen_parameter`), every large storage of a rank of
     several (written once for all ranks, as in line).
 
     At the safe point each is hashed where it lies; one the newest committed checkpoint has is only
-    named (no copy: `write_to` links it), any other is copied, like the inline bytes. A device
-    storage's bytes arrive as a host copy made for this checkpoint (`dedup.is_private_copy`): that
-    copy is kept as it is, not copied a second time.
+    named (no copy: `write_to` links it), any other is copied, like the inline bytes (a device
+    storage's host copy is kept as it is: `is_host_copy`).
     """
 
     def __init__(self, reuse_from: Sequence[Path]) -> None:
@@ -47,14 +65,14 @@ class SnapshotBlobs:
         self.linked_bytes = 0
 
     def put(self, digest: str, data: memoryview) -> int:
-        from ..checkpoint.dedup import is_private_copy, reusable
+        from ..checkpoint.dedup import reusable
 
         if digest not in self.pending:
             n = len(data)
             if reusable(self.reuse_from, digest, n) is not None:
                 self.pending[digest] = (n, None)
             else:
-                self.pending[digest] = (n, data if is_private_copy(data) else bytes(data))
+                self.pending[digest] = (n, _kept(data))
                 self.copied_bytes += n
         return 0
 
@@ -95,12 +113,12 @@ class Snapshot:
     and the blobs it refers to (`SnapshotBlobs`; ``reuse_from``: blob folders to link from)."""
 
     def __init__(self, reuse_from: Sequence[Path] = ()) -> None:
-        self.parts: list[bytes] = []
+        self.parts: list[Union[bytes, memoryview]] = []
         self.bytes = 0
         self.blobs = SnapshotBlobs(reuse_from)
 
     def write(self, data: Any) -> int:
-        piece = bytes(data)  # the copy that lets the program change its tensors right after
+        piece = _kept(data)
         self.parts.append(piece)
         self.bytes += len(piece)
         return len(piece)
