@@ -193,7 +193,7 @@ class CheckpointTransfer:
             try:
                 copy_in_store(self.fs, known[0], remote)
                 return 0
-            except (OSError, FileNotFoundError) as exc:  # pruned since the listing: send it
+            except OSError as exc:  # pruned since the listing: send it
                 log.info("copying %s within the store failed (%s); sending it", known[0], exc)
         self.fs.put_file(str(local), remote)
         return local.stat().st_size
@@ -205,7 +205,7 @@ class CheckpointTransfer:
         try:
             self._forget_streams(job_id, attempt, step)
             self._prune(job_id, keep=2)
-        except (OSError, FileNotFoundError) as exc:
+        except OSError as exc:
             log.info("tidying the store's folder of %s: %s (the next upload tries again)", job_id, exc)
 
     def _forget_streams(self, job_id: str, attempt: int, upto: Optional[int]) -> None:
