@@ -57,13 +57,30 @@ def test_preempted_in_first_iteration_between_loops_and_in_the_last(client, refe
     assert lines == expected_lines and result == expected_result
 
 
-def test_five_preemptions_in_one_run(client, reference):
+def test_five_preemptions_in_one_run(client, reference, cluster):
+    """... and from the third on, each commit prunes the oldest checkpoint without waiting for its
+    removal: the folder is renamed out of sight, and what the exiting worker left is removed by
+    its agent before the job resumes (docs/checkpoint-format.md, commit protocol)."""
     expected_lines, expected_result = reference("dataloader-w0")
     stops = random_stops(11, len(expected_lines), 5)
-    job, lines, result = run_interrupted(client, source("dataloader_train.py"), stops, preempt_and_resume,
+    kept: list[int] = []
+
+    def preempt_then_look(job, i):
+        job.preempt(timeout=60)
+        folder = cluster.home / "checkpoints" / job.id
+        deadline = time.monotonic() + 30  # a liveness bound for the agent's removal, not a timing claim
+        while list(folder.glob(".*.pruned")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not list(folder.glob(".*.pruned")), sorted(p.name for p in folder.iterdir())
+        kept.append(len(list(folder.glob("ckpt-*"))))
+        if job.state == JobState.PREEMPTED:
+            job.resume()
+
+    job, lines, result = run_interrupted(client, source("dataloader_train.py"), stops, preempt_then_look,
                                          {"LOADER_WORKERS": "0"})
     assert lines == expected_lines and result == expected_result
     assert [e.type for e in job.events(follow=False)].count(EventType.RESUMED) >= 3
+    assert len(kept) >= 3 and kept[-1] == 2, kept
 
 
 def _loop_fn(n, scale):
