@@ -283,12 +283,7 @@ class CheckpointTransfer:
         does (or reuse is off, or the link fails)."""
         if not self.reuse_blobs:
             return False
-        try:
-            folders = sorted((p for p in local_job.iterdir() if committed_step(p.name) is not None
-                              and (p / "manifest.json").exists()), reverse=True)
-        except FileNotFoundError:
-            return False
-        for folder in folders:
+        for folder in CheckpointStore(local_job).checkpoints():
             source = folder / BLOB_DIR / target.name
             try:
                 if nbytes is not None and source.stat().st_size != int(nbytes):
