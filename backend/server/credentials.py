@@ -27,9 +27,15 @@ HASH_PREFIX = "sha256:"
 NODE_PREFIX = "node:"
 
 
+#: Every token starts with it: a bare URL-safe token starts with ``-`` one time in 64, and
+#: ``singularityctl ... --token $TOKEN`` then fails ("expected one argument"); a fixed prefix
+#: also lets secret scanners recognise a leaked token.
+TOKEN_PREFIX = "sg_"
+
+
 def new_token() -> str:
-    """A fresh credential (URL-safe, 256 random bits)."""
-    return secrets.token_urlsafe(32)
+    """A fresh credential (URL-safe, 256 random bits, after `TOKEN_PREFIX`)."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 def hash_token(token: str) -> str:
