@@ -263,8 +263,11 @@ def apply_settings(saved: dict[str, Any]) -> None:
         return
     torch.backends.cudnn.benchmark = bool(saved.get("cudnn_benchmark", torch.backends.cudnn.benchmark))
     torch.backends.cudnn.deterministic = bool(saved.get("cudnn_deterministic", torch.backends.cudnn.deterministic))
-    if "deterministic_algorithms" in saved:
-        torch.use_deterministic_algorithms(bool(saved["deterministic_algorithms"]))
+    wanted = saved.get("deterministic_algorithms")
+    if wanted is not None and bool(wanted) != torch.are_deterministic_algorithms_enabled():
+        # only on a change: the call imports torch._inductor (1.5-1.8 s in a process that has
+        # not), which every restore paid even when the setting was already the saved one
+        torch.use_deterministic_algorithms(bool(wanted))
     if saved.get("threads"):
         torch.set_num_threads(int(saved["threads"]))
 
