@@ -72,20 +72,25 @@ class Target:
     warm: tuple[str, ...] = ()
 
 
+#: imported first by every server: it registers the clearing of a script's globals at exit,
+#: which must come after every other atexit handler, as in a plain interpreter (and atexit runs
+#: last what it got first)
+FIRST = "backend.proxy.engine.exit_handlers"
+
 #: what a child may run: ``main(argv) -> int`` of these modules
 TARGETS: dict[str, Target] = {
     # a rank of a job, for the agent (DDP's lazy imports included)
     "backend.worker.main": Target("backend.worker", (
-        "backend.worker.main", "backend.proxy", "backend.proxy.distributed.collectives",
+        FIRST, "backend.worker.main", "backend.proxy", "backend.proxy.distributed.collectives",
         "backend.proxy.distributed.cut", "cloudpickle", "numpy", "torch", "torch.distributed",
         "torch.nn.parallel", "torch._dynamo"), warm=("backend.proxy.checkpoint.fingerprint:warm",)),
     # a rank of the local multi-rank launcher (tests, benchmarks)
     "backend.proxy.launch": Target("backend.proxy.launch", (
-        "torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel",
+        FIRST, "torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel",
         "backend.proxy.distributed.collectives", "backend.proxy.launch")),
     # ``python -m backend.proxy`` (the proxy's CLI tests)
     "backend.proxy.__main__": Target("backend.proxy", (
-        "cloudpickle", "numpy", "torch", "torch.utils.data", "backend.proxy.__main__")),
+        FIRST, "cloudpickle", "numpy", "torch", "torch.utils.data", "backend.proxy.__main__")),
 }
 
 

@@ -8,7 +8,9 @@ import subprocess
 import sys
 import textwrap
 
-from harness import assert_chains_match, trace_of
+import pytest
+
+from harness import assert_chains_match, run_chain, trace_of
 
 SUMMARY = """
 import atexit, builtins
@@ -75,3 +77,87 @@ def test_weakref_finalizers_fire_as_in_a_plain_run(launcher, tmp_path):
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert plain.stdout == base.stdout and "released r1 4\nclosed r3\nclosed r1\n" in base.stdout, base.describe()
     assert_chains_match(launcher, [str(script)], base, trace, tmp_path, seeds=(3, 4))
+
+
+
+
+LIBRARY_HANDLER = """
+import atexit, os, sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "env", "site-packages"))
+import teardown_lib
+
+class Summary:
+    def __del__(self):
+        print("summary", flush=True)
+
+atexit.register(print, "the program's own handler of a builtin", flush=True)
+summary = Summary()
+for step in range(4):
+    if step == 1:
+        teardown_lib.start()
+    print(step, flush=True)
+"""
+
+TEARDOWN_LIB = """
+import atexit
+
+def start():  # as torch does when a DataLoader makes its first persistent workers
+    atexit.register(print, "a library's atexit handler", flush=True)
+"""
+
+
+def test_atexit_handlers_run_before_main_is_cleared_and_the_programs_survive_a_restore(launcher, tmp_path):
+    """The interpreter runs every atexit handler before it clears ``__main__``. The engine cleared
+    it first, so torch's shutdown of persistent DataLoader workers ran after the loader's
+    iterator had been collected with its queues: their finalizers had stopped the feeder
+    threads, the workers never heard they were done, and the exit waited 5 s per worker. And a
+    handler the program registers is the program's even when its function is a builtin: a
+    restore lost ``atexit.register(print, ...)``."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(LIBRARY_HANDLER))
+    lib = tmp_path / "env" / "site-packages"
+    lib.mkdir(parents=True)
+    (lib / "teardown_lib.py").write_text(textwrap.dedent(TEARDOWN_LIB))
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert plain.stdout.endswith("3\na library's atexit handler\nthe program's own handler of a builtin\n"
+                                 "summary\n"), plain.stdout
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    assert base.stdout == plain.stdout, base.describe()
+    # stopped before the library registers its handler (the restored run's library registers it
+    # again), and anywhere for the program's own
+    early = [t["step"] for t in trace if t["kind"] == "loop"][:1]
+    out, runs = run_chain(launcher, [str(script)], early, tmp_path / "ck-early")
+    assert out == plain.stdout, runs[-1].describe()
+
+
+TORCH_EXITING = """
+import torch
+from torch.utils.data import _utils
+
+class Loader:
+    def __init__(self):
+        self.utils = _utils
+
+    def __del__(self):  # what a DataLoader iterator's __del__ asks before it waits for its workers
+        print("interpreter exiting when __main__ is cleared:", self.utils.python_exit_status, flush=True)
+
+loader = Loader()
+for step in range(3):
+    print(step, flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["forked", "fresh"])
+def test_main_is_cleared_after_the_atexit_handlers_of_libraries_imported_before_the_program(
+        launcher, fresh_launcher, tmp_path, how):
+    """torch, imported by the warm server before the program ran, marks the interpreter as
+    exiting in an atexit handler; a DataLoader iterator's shutdown is a no-op once it is set. The
+    engine cleared ``__main__`` before that handler ran, so the iterator of a loader with
+    persistent workers shut them down through queues whose feeder threads its collection had
+    already stopped, and the job's exit waited 5 s for each worker."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(TORCH_EXITING))
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert plain.stdout.endswith("cleared: True\n"), plain.stdout
+    run = (launcher if how == "forked" else fresh_launcher).run([str(script), "--checkpoint-dir", str(tmp_path / "ck")])
+    assert run.rc == 0 and run.stdout == plain.stdout, run.describe()

@@ -25,27 +25,56 @@ from .ownership import PROGRAM
 
 _REGISTER = atexit.register
 _UNREGISTER = atexit.unregister
+Handler = tuple[Callable[..., Any], tuple, dict]
 #: (function, args, kwargs) of the program's handlers, in the order it registered them
-_handlers: list[tuple[Callable[..., Any], tuple, dict]] = []
+_handlers: list[Handler] = []
+#: the handlers of the programs of this process that ended (a kernel runs one after another)
+_ended: list[Handler] = []
+#: the ``__main__`` namespace of a script that ended, for `_clear_at_the_real_end`
+_ended_namespace: list[dict] = []
 
 
 def register(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-    """`atexit.register`; the program's own handlers are kept for its real end."""
-    if not PROGRAM(func):
+    """`atexit.register`; the program's own handlers are kept for its real end: its functions,
+    and whatever its own code registers (``atexit.register(print, "done")`` is the program's
+    though ``print`` is not; it was lost by a restore)."""
+    if not (PROGRAM(func) or _called_by_the_program()):
         return _REGISTER(func, *args, **kwargs)
-    _handlers.append((func, args, kwargs))
+    _keep((func, args, kwargs))
     return func
+
+
+def _called_by_the_program() -> bool:
+    caller = sys._getframe(2)  # the frame that called atexit.register
+    return PROGRAM.owns(caller.f_code, caller.f_globals)
+
+
+def _keep(handler: Handler) -> None:
+    """Keep ``handler`` for the checkpoints, and give the interpreter, in its place among the
+    other handlers (atexit runs last what it got first), a stand-in that runs it only if the
+    program ends for good."""
+    _handlers.append(handler)
+    _REGISTER(_run_if_ended, handler)
+
+
+def _run_if_ended(handler: Handler) -> None:
+    if any(h is handler for h in _ended):
+        func, args, kwargs = handler
+        func(*args, **kwargs)
 
 
 def unregister(func: Callable[..., Any]) -> None:
     """`atexit.unregister`: removes ``func`` (compared with ``==``, as atexit does) from both lists."""
     _handlers[:] = [h for h in _handlers if h[0] != func]
+    _ended[:] = [h for h in _ended if h[0] != func]
     _UNREGISTER(func)
 
 
 def install(saved: Optional[list] = None) -> None:
     """Keep the program's handlers from now until `uninstall`; ``saved``: a checkpoint's."""
-    _handlers[:] = saved or []
+    _handlers.clear()
+    for handler in saved or []:
+        _keep(handler)
     atexit.register, atexit.unregister = register, unregister  # type: ignore[assignment]
 
 
@@ -64,8 +93,8 @@ def capture(probe: Callable[[Any], Optional[str]]) -> list:
 
 
 def uninstall(ended: bool, main_globals: Optional[dict] = None) -> None:
-    """The program returned, raised (``ended``: its handlers now run at the interpreter's exit,
-    as they would have) or stopped for a preemption (they stay in the checkpoint only).
+    """The program returned, raised (``ended``: its handlers run at the interpreter's exit, as
+    they would have) or stopped for a preemption (they stay in the checkpoint only).
 
     ``main_globals``: a script's ``__main__`` namespace, cleared after the handlers as the
     interpreter clears ``__main__`` at exit, so the ``__del__`` of its objects (a summary
@@ -73,12 +102,27 @@ def uninstall(ended: bool, main_globals: Optional[dict] = None) -> None:
     job's output is still captured: the worker's own exit skipped it, or ran it once the
     interpreter had put the original ``sys.stdout`` back, whose lines nobody read."""
     atexit.register, atexit.unregister = _REGISTER, _UNREGISTER  # type: ignore[assignment]
-    handlers, _handlers[:] = list(_handlers), []
     if ended:
+        _ended.extend(_handlers)
         if main_globals is not None:
-            _REGISTER(_clear_like_the_interpreter, main_globals)  # atexit runs last what it got first
-        for func, args, kwargs in handlers:
-            _REGISTER(func, *args, **kwargs)
+            _ended_namespace.append(main_globals)
+    _handlers.clear()
+
+
+def _clear_at_the_real_end() -> None:
+    """Clears ``__main__`` if the program ended (not if it stopped), after the other handlers.
+
+    The interpreter clears ``__main__`` after every atexit handler, and atexit runs last what it
+    got first: so this is registered when this module is imported, which the fork servers and
+    the entry points do before torch. Run before torch's handlers (which mark the interpreter as
+    exiting), the clearing collected a DataLoader iterator together with its queues, whose
+    finalizers stopped the queues' feeder threads; the iterator's shutdown then told its
+    persistent workers to exit through dead queues and waited 5 s for each."""
+    while _ended_namespace:
+        _clear_like_the_interpreter(_ended_namespace.pop())
+
+
+_REGISTER(_clear_at_the_real_end)
 
 
 def _clear_like_the_interpreter(namespace: dict) -> None:
