@@ -161,3 +161,35 @@ def test_main_is_cleared_after_the_atexit_handlers_of_libraries_imported_before_
     assert plain.stdout.endswith("cleared: True\n"), plain.stdout
     run = (launcher if how == "forked" else fresh_launcher).run([str(script), "--checkpoint-dir", str(tmp_path / "ck")])
     assert run.rc == 0 and run.stdout == plain.stdout, run.describe()
+
+
+GLOBAL_IN_DEL = """
+OUT = "results.txt"
+
+class Summary:
+    def __init__(self):
+        self.steps = 0
+
+    def __del__(self):
+        print("summary of", self.steps, "steps written to", OUT, flush=True)
+
+summary = Summary()
+for step in range(4):
+    summary.steps += 1
+    print(step, flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["forked", "fresh"])
+def test_a_del_at_exit_reads_the_scripts_globals(launcher, fresh_launcher, tmp_path, how):
+    """The interpreter collects ``__main__``'s dict with the objects only it holds, running their
+    ``__del__`` while every global is there; the engine emptied the dict first, so a summary
+    naming a global raised ``NameError`` at the job's end and its line was missing."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(GLOBAL_IN_DEL))
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert plain.stdout.endswith("3\nsummary of 4 steps written to results.txt\n"), plain.stdout
+    run = (launcher if how == "forked" else fresh_launcher)
+    base, trace = trace_of(run, [str(script)], tmp_path)
+    assert base.stdout == plain.stdout, base.describe()
+    assert_chains_match(run, [str(script)], base, trace, tmp_path, seeds=(5,), extra=1)

@@ -119,21 +119,41 @@ def _clear_at_the_real_end() -> None:
     finalizers stopped the queues' feeder threads; the iterator's shutdown then told its
     persistent workers to exit through dead queues and waited 5 s for each."""
     while _ended_namespace:
-        _clear_like_the_interpreter(_ended_namespace.pop())
+        _let_go_like_the_interpreter(_ended_namespace.pop())
 
 
 _REGISTER(_clear_at_the_real_end)
 
 
-def _clear_like_the_interpreter(namespace: dict) -> None:
+#: the key of the `_Witness` put in a namespace let go of
+WITNESS = "__singularity_witness__"
+
+
+class _Witness:
+    """Alive after a collection: something still holds the namespace it was put in."""
+
+
+def _let_go_like_the_interpreter(namespace: dict) -> None:
     """What CPython does at exit: the builtins as they were at start put back (a replaced
-    ``print`` is not the one ``__del__`` methods find), then ``__main__``'s dict cleared (a
-    script's functions and classes hold it in a cycle, so the collector clears it: its values
-    go in the order they were set); then a collection for the rest."""
+    ``print`` is not the one ``__del__`` methods find), then ``__main__`` let go of. A script's
+    functions and classes hold its dict in a cycle, so the collector finds the dict and what
+    only it holds to be garbage, and runs their ``__del__`` methods while every global is still
+    there (PEP 442) before it clears them: a ``__del__`` that prints a global's value works.
+    Clearing the dict by hand, as this did, emptied it first (``NameError`` in ``__del__``); it
+    is still the fallback if something else holds the namespace."""
     finalizers.run_at_exit()  # weakref.finalize(..., atexit=True): its own handler runs before modules go
     vars(builtins).update(library_patches.PRISTINE_BUILTINS)
-    namespace.clear()
+    witness = _Witness()
+    namespace[WITNESS] = witness
+    main = sys.modules.get("__main__")
+    if main is not None and vars(main) is namespace:
+        del sys.modules["__main__"]
+    del main, namespace
     gc.collect()
+    for holder in gc.get_referrers(witness):
+        if isinstance(holder, dict) and holder.get(WITNESS) is witness:
+            holder.clear()
+            gc.collect()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
