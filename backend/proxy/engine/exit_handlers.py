@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import dis
+import functools
 import gc
 import sys
+import types
 import warnings
 from typing import Any, Callable, Optional
 
@@ -45,8 +48,26 @@ def register(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..
 
 
 def _called_by_the_program() -> bool:
-    caller = sys._getframe(2)  # the frame that called atexit.register
-    return PROGRAM.owns(caller.f_code, caller.f_globals)
+    """Whether the program's own code called ``atexit.register``: its frame is the caller and the
+    statement it is at names ``register``. A C extension that registers a handler (pybind11's)
+    has no frame, so the program's frame that called into it is found instead; the name tells
+    the two apart."""
+    caller = sys._getframe(2)  # the frame that called atexit.register, or the program's below C code
+    return PROGRAM.owns(caller.f_code, caller.f_globals) and _names_register(caller.f_code, caller.f_lasti)
+
+
+@functools.lru_cache(maxsize=256)
+def _names_register(code: types.CodeType, lasti: int) -> bool:
+    """Whether the call at instruction ``lasti`` of ``code`` calls a ``register``: a call
+    expression starts where its callee does, so the callee loaded by the name ``register``
+    (``atexit.register``, ``register`` imported) starts where the call does."""
+    instructions = list(dis.get_instructions(code))
+    call = next((i for i in reversed(instructions) if i.offset <= lasti), None)  # lasti may point into its caches
+    if call is None or call.positions is None or call.positions.lineno is None:
+        return False
+    start = (call.positions.lineno, call.positions.col_offset)
+    return any(i.opname.startswith("LOAD_") and i.argval == "register" and i.positions is not None
+               and (i.positions.lineno, i.positions.col_offset) == start for i in instructions)
 
 
 def _keep(handler: Handler) -> None:
