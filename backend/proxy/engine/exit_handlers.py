@@ -21,6 +21,7 @@ import gc
 import sys
 import types
 import warnings
+import weakref
 from typing import Any, Callable, Optional
 
 from . import finalizers, library_patches
@@ -166,15 +167,18 @@ def _let_go_like_the_interpreter(namespace: dict) -> None:
     vars(builtins).update(library_patches.PRISTINE_BUILTINS)
     witness = _Witness()
     namespace[WITNESS] = witness
+    collected = weakref.ref(witness)
     main = sys.modules.get("__main__")
     if main is not None and vars(main) is namespace:
         del sys.modules["__main__"]
-    del main, namespace
+    del main, namespace, witness
     gc.collect()
-    for holder in gc.get_referrers(witness):
-        if isinstance(holder, dict) and holder.get(WITNESS) is witness:
-            holder.clear()
-            gc.collect()
+    witness = collected()
+    if witness is not None:  # still held: clear it by hand
+        for holder in gc.get_referrers(witness):
+            if isinstance(holder, dict) and holder.get(WITNESS) is witness:
+                holder.clear()
+                gc.collect()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
