@@ -278,6 +278,9 @@ def test_preempt_resume_resize_a_running_cell_with_its_curve(lab, browser, shots
         click(page, "resume", index=2)
         timeline(page, "resumed", index=2)
         badge(page, "running", index=2)
+        # on a loaded machine the job may start shrunk on 1 device (the last test's cancelled
+        # job still releasing one), and a resize to 1 would then change nothing: wait for both
+        w.get_by_text(re.compile(r"^placement: .* on 2 device\(s\)")).wait_for(timeout=60_000)
         size = w.locator(".singularity-resize-to input")
         size.fill("1")
         size.press("Enter")
