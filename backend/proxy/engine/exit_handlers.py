@@ -6,10 +6,11 @@ loop. Left to the interpreter, the handler ran in every process that stopped for
 restore, which does not run the statements before the safe point again, left the new process
 without it: the run's real end wrote nothing, or left the early summary in place, a silent
 difference. So while a program runs, ``atexit.register`` keeps the program's own handlers
-(`ownership.PROGRAM`: its functions, methods of its objects, partials of them) in a list the
-checkpoint saves, and hands them to the interpreter only when the program ends for good (returns
-or raises); a process that stops for a preemption does not run them. Handlers of libraries go
-to the interpreter at once, as before.
+(`ownership.PROGRAM`: its functions, methods of its objects, partials of them, and whatever its
+own code registers) in a list the checkpoint saves, and gives the interpreter, in each one's
+place, a stand-in that runs it only when the program ends for good (returns or raises); a
+process that stops for a preemption does not run them. Handlers of libraries go to the
+interpreter at once, as before.
 """
 from __future__ import annotations
 
