@@ -46,7 +46,7 @@ def test_a_logging_handler_that_cannot_be_saved_is_left_out_of_every_checkpoint(
     # is taken again with each handler probed, as are the checkpoints after it
     target = [str(SCRIPTS / "unsaveable_settings.py")]
     base, trace = trace_of(launcher, target, tmp_path)
-    stops = _loop_steps(trace, 22)[2:6:3]
+    stops = _loop_steps(trace, 26)[2:6:3]
     out, runs = run_chain(launcher, target, stops, tmp_path / "ck")
     assert out == base.stdout
     for run in runs[:-1]:
@@ -54,7 +54,9 @@ def test_a_logging_handler_that_cannot_be_saved_is_left_out_of_every_checkpoint(
     # only the first process has the handler: a restored one has the handlers a new process has
     assert "of logger 'remote' cannot be saved" in runs[0].stderr
     # probing from then on: the periodic checkpoints of one process all leave it out, none fails
-    periodic = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "ck-every"), "--checkpoint-every", "0.01"])
+    # a checkpoint in flight holds the next one back, so the steps last long enough for several
+    periodic = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "ck-every"), "--checkpoint-every", "0.01"],
+                            env={"STEP_SECONDS": "0.4"})
     assert periodic.rc == 0 and periodic.stdout == base.stdout, periodic.describe()
     assert len(periodic.events("checkpointed")) >= 3 and not periodic.events("checkpoint_failed")
     assert periodic.stderr.count("of logger 'remote' cannot be saved") == 1

@@ -1,7 +1,11 @@
 """A logging handler that cannot be saved (it writes to a socket), made inside a function so no
 variable of the program holds the socket: each checkpoint leaves the handler out, warns once,
-and saves everything else."""
+and saves everything else.
+
+STEP_SECONDS sets the pause per step: a periodic run makes it long enough for several
+checkpoints, whatever one takes to write on a busy machine."""
 import logging
+import os
 import socket
 import time
 
@@ -22,4 +26,4 @@ total = 0.0
 for i in range(8):
     total += torch.rand(1).item()
     print(i, total)
-    time.sleep(0.02)
+    time.sleep(float(os.environ.get("STEP_SECONDS", "0.02")))
