@@ -193,3 +193,22 @@ def test_a_del_at_exit_reads_the_scripts_globals(launcher, fresh_launcher, tmp_p
     base, trace = trace_of(run, [str(script)], tmp_path)
     assert base.stdout == plain.stdout, base.describe()
     assert_chains_match(run, [str(script)], base, trace, tmp_path, seeds=(5,), extra=1)
+
+
+@pytest.mark.parametrize("how", ["forked", "fresh"])
+@pytest.mark.parametrize("write", ["behind", "in-line"])
+def test_a_del_at_exit_reads_the_scripts_globals_after_running_checkpoints(launcher, fresh_launcher, tmp_path,
+                                                                            how, write):
+    """A checkpoint the job ran on from (periodic, ``singularityctl checkpoint``, a migration's
+    source copy) left the engine's per-type memos holding the script's classes, and through
+    their methods its globals: at exit the namespace was not collected, the fallback emptied it,
+    and the summary raised ``NameError``."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(GLOBAL_IN_DEL).replace("print(step, flush=True)",
+                                                             "print(step, flush=True)\n    time.sleep(0.3)")
+                      .replace('OUT = "results.txt"', 'import time\nOUT = "results.txt"'))
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    args = [str(script), "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "0.05"]
+    run = (launcher if how == "forked" else fresh_launcher).run(args + (["--write-in-line"] if write == "in-line" else []))
+    assert run.rc == 0 and run.events("checkpointed"), run.describe()
+    assert run.stdout == plain.stdout and "NameError" not in run.stderr, run.describe()

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import type_memos
+
 #: per class: whether its instances need `reduce` (a ``__getattr__``, pickled the default way)
-_NEEDS: dict[type, bool] = {}
+_NEEDS: dict[type, bool] = type_memos.new_dict()
 
 
 def _needs(t: type) -> bool:

@@ -63,6 +63,12 @@ def begin() -> None:
     _last_answer[:] = [None, None, None]
 
 
+def end() -> None:
+    """Called as the program ends: the remembered answer's copy of ``sys.modules`` holds the
+    script's ``__main__``, which must be free to be collected at exit."""
+    _last_answer[:] = [None, None, None]
+
+
 def job_modules(folders: Iterable[str]) -> dict[str, types.ModuleType]:
     """The modules imported since the program began that are the job's own: their source file lies
     in one of ``folders``, or `_own_module_elsewhere` says so."""

@@ -14,7 +14,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import (caches, context, exit_handlers, handles, imported_submodules, libraries, library_patches,
-               module_state, ownership, process_settings, scoped_modes, training_state)
+               module_state, ownership, process_settings, scoped_modes, training_state, type_memos)
 from ..checkpoint.errors import CheckpointError, Preempted
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
@@ -287,6 +287,8 @@ class ResumableProgram:
         finally:
             exit_handlers.uninstall(ended=not stopped, main_globals=self._main_globals(namespace))
             caches.uninstall()
+            module_state.end()
+            type_memos.forget()
             ownership.PROGRAM.set(None, None)
             libraries.bind(None)
             controller.detach()

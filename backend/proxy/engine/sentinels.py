@@ -15,8 +15,10 @@ import copyreg
 import sys
 from typing import Any, Optional
 
+from . import type_memos
+
 #: per class: id of each stateless instance its module names -> (module, name)
-_NAMED: dict[type, dict[int, tuple[str, str]]] = {}
+_NAMED: dict[type, dict[int, tuple[str, str]]] = type_memos.new_dict()
 #: modules whose classes are the program's own: saved by value, as they are
 _PROGRAM_MODULES = ("__main__", "__mp_main__", "builtins")
 

@@ -57,7 +57,7 @@ import cloudpickle
 from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
                exit_handlers, finalizers, getattr_classes, handles, held_managers, imported_submodules, iterators,
                lazy, libraries, library_patches, module_state, open_files, ownership, process_settings, rng,
-               resumable_generators, scoped_modes, sentinels, set_layouts, training_state)
+               resumable_generators, scoped_modes, sentinels, set_layouts, training_state, type_memos)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
@@ -186,7 +186,7 @@ class ClosedFile:
 #: types whose every instance the rules of `ProxyPickler.reducer_override` leave to plain pickling:
 #: the rules ask a dozen questions of an object, and a checkpoint meets the same few types (loggers,
 #: handlers, modules, their dicts) thousands of times, so each type is asked once a process
-_PLAIN_TYPES: set[type] = set()
+_PLAIN_TYPES: set[type] = type_memos.new_set()
 
 
 def _decided_by_type(obj: Any, t: type) -> bool:
