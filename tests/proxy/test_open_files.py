@@ -100,6 +100,21 @@ def test_a_read_file_resumes_at_its_place(job_folder):
     assert pickle.loads(saved).readline() == "row 3\n"
 
 
+def test_a_csv_reader_pickles_with_its_file_at_its_place(job_folder):
+    """In one process: the copy reads on from the row after the original's, with its line count."""
+    path = job_folder / "d.csv"
+    path.write_text("a,b\n1,2\n3,4\n5,6\n")
+    with open(path, newline="") as f:
+        reader = handles.CsvReader(f, delimiter=",")
+        assert next(reader) == ["a", "b"] and next(reader) == ["1", "2"]
+        assert f.tell() == 8  # the file's place is readable: the reader took its lines by readline()
+        copy = pickle.loads(dumps(reader))
+        assert list(copy) == [["3", "4"], ["5", "6"]] and copy.line_num == 4
+        assert copy.dialect.delimiter == "," and list(reader) == [["3", "4"], ["5", "6"]]
+        copy._made_from[0].close()
+
+
+
 def test_a_restore_goes_on_with_the_saved_handle_after_its_header_truncated_the_file(job_folder):
     import csv
 

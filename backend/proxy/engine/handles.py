@@ -9,7 +9,9 @@ of the job at all, so a restore may make them anew and stay exact:
   postfix (it writes to a terminal stream, which a pickled copy cannot hold: its own pickling
   "succeeds" and then recurses forever on load);
 * a ``csv.writer`` (and so a ``csv.DictWriter``) made while the program runs is one of ours
-  (`install`), saved as its file and dialect and made again over the re-opened file;
+  (`install`), saved as its file and dialect and made again over the re-opened file; so is a
+  ``csv.reader`` (and ``csv.DictReader``), which reads its file's lines with ``readline()`` so
+  that the file keeps its ``tell()`` and is saved at its place;
 * a lock no thread holds is saved as a new lock, an ``Event`` as a new one in the same state,
   wherever they are (an attribute of a trainer, a local of ``main()``); a ``threading.local``
   with the attributes the job's thread gave it;
@@ -29,15 +31,16 @@ import threading
 import types
 from typing import Any, Callable, Optional
 
-from . import generator_rewrite, resumable_generators
+from . import generator_rewrite, manual_next, resumable_generators
 
 #: an unpicklable value of a type from these modules holds no progress: its statement may be re-run
 PROGRESS_FREE_MODULES = ("threading", "_thread", "concurrent.futures", "logging", "multiprocessing.synchronize",
                          "torch.utils.tensorboard")
 
 
-_csv_writer = csv.writer  # the C function `install` puts `CsvWriter` in front of
-_CSV_READER = type(csv.reader([]))
+_csv_writer = csv.writer  # the C functions `install` puts `CsvWriter` and `CsvReader` in front of
+_csv_reader = csv.reader
+_CSV_READER = type(_csv_reader([]))
 
 
 class CsvWriter:
@@ -77,10 +80,58 @@ class ClosedCsvWriter:
         raise ValueError("I/O operation on closed file.")
 
 
+class CsvReader:
+    """What ``csv.reader(source, dialect, **fmtparams)`` returns while a program runs: the C
+    reader, which does not pickle, over the source's lines, plus what makes it again on restore.
+
+    A text file is read through `manual_next.LineReader` (``readline()``): iterating the file
+    itself, as the C reader does, disables its ``tell()``, so neither the reader nor the file
+    could be saved, and ``reader = csv.reader(f); header = next(reader); for row in reader:``,
+    the commonest way to read a CSV, made a job that could never be checkpointed. Between two
+    rows the C reader holds nothing but its line count (a row is returned only once complete),
+    so the source at its place, the dialect and that count are the whole state."""
+
+    __slots__ = ("_made_from", "_source", "_reader", "_lines_before")
+
+    def __init__(self, source: Any, dialect: Any = "excel", *args: Any, **fmtparams: Any) -> None:
+        self._made_from = (source, dialect, args, fmtparams)
+        self._source = manual_next.LineReader(source) if manual_next.is_text_file(source) else iter(source)
+        self._reader = _csv_reader(self._source, dialect, *args, **fmtparams)
+        self._lines_before = 0  # lines read before a restore made this reader again
+
+    def __iter__(self) -> "CsvReader":
+        return self
+
+    def __next__(self) -> list:
+        return next(self._reader)
+
+    @property
+    def dialect(self) -> Any:
+        return self._reader.dialect
+
+    @property
+    def line_num(self) -> int:
+        return self._lines_before + self._reader.line_num
+
+    def __reduce__(self) -> tuple:
+        source, dialect, args, fmtparams = self._made_from
+        if not manual_next.is_text_file(source):
+            source = self._source  # an iterator over strings: saved with its place, or refused naming it
+        return _new_csv_reader, (source, dialect, args, fmtparams, self.line_num)
+
+
+def _new_csv_reader(source: Any, dialect: Any, args: tuple, fmtparams: dict, line_num: int) -> CsvReader:
+    reader = CsvReader(source, dialect, *args, **fmtparams)
+    reader._lines_before = line_num
+    return reader
+
+
 def install() -> None:
-    """Make ``csv.writer`` return a `CsvWriter` (``csv.DictWriter`` calls it too): the C writer
-    does not pickle, so a job writing a CSV log could not be checkpointed at all."""
+    """Make ``csv.writer`` return a `CsvWriter` and ``csv.reader`` a `CsvReader`
+    (``csv.DictWriter`` and ``csv.DictReader`` call them too): the C objects do not pickle, so a
+    job writing a CSV log or looping over a CSV reader could not be checkpointed at all."""
     csv.writer = CsvWriter  # type: ignore[assignment,misc]
+    csv.reader = CsvReader  # type: ignore[assignment,misc]
 
 
 def progress_free(value: Any) -> bool:
@@ -269,9 +320,10 @@ def _known(name: str, value: Any, path: str, culprit: Any) -> str:
                 f"instead (`num_workers=2`: its workers are replayed exactly), or stop and join the thread "
                 f"before the loop")
     if type(culprit) is _CSV_READER:
-        return (f"`{path}` is a csv reader, whose place in its file cannot be saved; read the rows where it "
-                f"is made (`rows = list(csv.reader(f))`), loop over it in the for statement that makes it "
-                f"(`for row in csv.reader(f):`, which is replayed), or `del {path}` once it is read")
+        return (f"`{path}` is a csv reader made by the C function itself (`_csv.reader`, or a library that "
+                f"took `csv.reader` before the job ran), whose place in its file cannot be saved; make it "
+                f"with `csv.reader(f)` in the job's code (saved with its file), read the rows where it is "
+                f"made (`rows = list(csv.reader(f))`), or `del {path}` once it is read")
     return ""
 
 

@@ -100,7 +100,7 @@ def capture(f: Any, content: bool = True) -> FileState:
         path = os.readlink(f"/proc/self/fd/{fd}")
     except OSError as exc:
         raise FileNotCarried(f"the place in the open file {name!r} cannot be saved ({exc}: a library "
-                             f"iterated it, csv.reader(f) say); open it in a with statement around the loop "
+                             f"iterated it with next()); open it in a with statement around the loop "
                              f"(`with open(path) as f:`): a restore opens it again and takes the lines read "
                              f"before (with next() or the loop) again") from exc
     if path.endswith(" (deleted)"):
