@@ -528,6 +528,49 @@ def test_callable_semantics_and_resume(tmp_path):
     assert resumer.last_restore is not None and resumer.last_restore["step"] == 3
 
 
+@pytest.mark.parametrize("stop", [2, 4, 6])
+def test_a_callable_whose_closures_read_its_loop_variable_resumes_exactly(tmp_path, stop):
+    """Its frame is rebuilt with new cells, and restored closures kept the old ones: hooks made
+    before the stop went on returning the step of the checkpoint after the restore, silently."""
+    def job(n):
+        hooks, total = [], 0
+
+        def bump(k):
+            nonlocal total
+            total += k
+            return total
+
+        for step in range(n):
+            hooks.append(lambda: step)  # late binding: every hook returns the newest step
+            print(step, bump(step), [h() for h in hooks])
+        return [h() for h in hooks], total
+
+    plain_out = io.StringIO()
+    with contextlib.redirect_stdout(plain_out):
+        expected = job(6)
+    program = _callable_program(job, 6)
+    assert program.has_safe_points and program.fallback_reason == ""
+    ctl = Controller(_store(tmp_path))
+    ctl.checkpoint_at_step(stop, "stop")
+    out1, _, preempted, _ = run_engine(program, ctl)
+    assert preempted is not None
+    out2, result, again, _ = run_engine(_callable_program(job, 6), Controller(_store(tmp_path)),
+                                        restore=preempted.checkpoint)
+    assert again is None and (out1 + out2, result) == (plain_out.getvalue(), expected)
+
+
+def test_a_callable_whose_shared_variables_cannot_move_runs_unchanged_and_says_why():
+    def job(n):
+        lr = 1.0
+        decay = lambda: lr * 0.5  # noqa: E731
+        for _ in range(n):
+            lr = decay()
+        return sorted(locals())
+
+    reason = _callable_program(job, 3).fallback_reason
+    assert reason.startswith("a closure shares lr, which the function rebinds (it calls locals()"), reason
+
+
 def test_callable_local_thread_pool_is_rebuilt(tmp_path):
     def job(n):
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)

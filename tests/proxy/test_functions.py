@@ -72,6 +72,15 @@ def test_mlp_adam_training_in_main_with_argparse(launcher, tmp_path, seed):
     assert ("main",) in _functions(trace)
 
 
+@pytest.mark.parametrize("seed", [11, 12])
+def test_closures_over_rebound_variables_keep_their_functions_safe_points(launcher, tmp_path, seed):
+    """LBFGS's ``def closure()`` in the loop, late-binding hooks, a nonlocal counter: such a
+    function ran unchanged before (its loops could not be checkpointed); its shared variables now
+    live in one object that the frame and its closures share after a restore too."""
+    trace, _ = _check(launcher, "shared_cells.py", tmp_path, seed, extra=4)
+    assert {("main",), ("main", "fit"), ("main", "run")} <= _functions(trace)
+
+
 @pytest.mark.parametrize("seed", [9, 10])
 def test_unsupported_shapes_run_unchanged_and_resume_around_them(launcher, tmp_path, seed):
     trace, _ = _check(launcher, "fallbacks.py", tmp_path, seed)
@@ -168,3 +177,11 @@ def test_functions_of_a_finished_run_keep_working(tmp_path):
 ])
 def test_only_variables_a_closure_really_shares_keep_a_function_unchanged(code, reason):
     assert not_rewritable(ast.parse(code).body[0]) == reason
+
+
+def test_a_function_whose_loops_get_no_safe_points_says_so_when_the_job_starts(tmp_path):
+    src = ("def f():\n    lr = 1.0\n    decay = lambda: lr * 0.5\n    for i in range(3):\n        lr = decay()\n"
+           "    return sorted(locals())\nprint(f())\n")
+    with pytest.warns(RuntimeWarning, match=r"f\(\) runs without safe points: a closure shares lr.*calls locals\(\)"):
+        out, _ = _run(src, Controller(CheckpointStore(tmp_path / "ck")))
+    assert out == "['decay', 'i', 'lr']\n"

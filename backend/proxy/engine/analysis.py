@@ -214,6 +214,19 @@ def not_rewritable(fdef: ast.AST) -> str:
     return closures_sharing(fdef)
 
 
+def shared_variables(fdef: ast.FunctionDef) -> set[str]:
+    """``fdef``'s variables that a closure reads and ``fdef`` rebinds, or that a nested function
+    rebinds with ``nonlocal`` (those `closures_sharing` names; `closure_cells.box` moves them
+    into one object)."""
+    counts = _binding_counts(fdef)
+    nested = [n for n in own_scope(fdef) if isinstance(n, _CLOSURES)]
+    names = {name for scope in nested for n in ast.walk(scope) if isinstance(n, ast.Nonlocal) for name in n.names}
+    captured = _captured_by_closures(fdef)
+    if captured is None:
+        captured = {n.id for scope in nested for n in ast.walk(scope) if isinstance(n, ast.Name)}
+    return names | {name for name in captured & set(counts) if counts[name] > 1}
+
+
 def closures_sharing(fdef: ast.FunctionDef) -> str:
     """Why closures keep ``fdef``'s frame from being rebuilt (a variable they share that it
     rebinds, or a nested ``nonlocal``), or ''."""

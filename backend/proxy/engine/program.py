@@ -13,9 +13,10 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import (caches, context, exit_handlers, handles, imported_submodules, libraries, library_patches,
+from . import (caches, closure_cells, context, exit_handlers, handles, imported_submodules, libraries, library_patches,
                module_state, ownership, process_settings, scoped_modes, training_state, type_memos)
 from ..checkpoint.errors import CheckpointError, Preempted
+from .analysis import closures_sharing, function_locals, shared_variables
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
 from .state import extract_code_globals, load_graph, rebuild_variables
@@ -137,14 +138,18 @@ class ResumableProgram:
                     filename = f"<callable {fn.__qualname__}>"
                     _register_source(filename, "\n" * offset + textwrap.dedent(attached))
                 fdef, reason = cls._find_def(fn, text, offset)
+        boxed: set[str] = set()
+        if fdef is not None:
+            fdef, reason, boxed = _share_closure_cells(fdef)
         if fdef is None:
             digest = _digest("callable-plain", fn.__qualname__ if hasattr(fn, "__qualname__") else repr(fn),
                              getattr(getattr(fn, "__code__", None), "co_code", b"").hex())
             return cls("callable", filename, digest, None, None, fn, args, kwargs, reason)
         code_obj = fn.__code__
-        local_names = list(dict.fromkeys(code_obj.co_varnames + code_obj.co_cellvars))
         nparams = code_obj.co_argcount + code_obj.co_kwonlyargcount + \
             bool(code_obj.co_flags & inspect.CO_VARARGS) + bool(code_obj.co_flags & inspect.CO_VARKEYWORDS)
+        local_names = [n for n in dict.fromkeys(code_obj.co_varnames + code_obj.co_cellvars)
+                       if n not in boxed or n in code_obj.co_varnames[:nparams]] + ([closure_cells.BOX] if boxed else [])
         rewritten = rewrite_function(fdef, local_names, list(code_obj.co_varnames[:nparams]),
                                      list(code_obj.co_freevars))
         module_code = compile(rewritten.tree, filename, "exec", dont_inherit=True)
@@ -271,6 +276,9 @@ class ResumableProgram:
         if self.fallback_reason and self.kind == "callable":
             warnings.warn(f"{self.fn!r} runs without safe points: {self.fallback_reason}", RuntimeWarning,
                           stacklevel=2)
+        for line, unchanged in (self._rewritten.unchanged_loops if self._rewritten and restore is None else ()):
+            warnings.warn_explicit(f"{unchanged}; no checkpoint can be taken while its loops run", RuntimeWarning,
+                                   self.filename, line)
         controller.attach(rt)
         libraries.bind(rt)
         ownership.PROGRAM.set(globals_, self._folder())
@@ -365,6 +373,23 @@ class ResumableProgram:
             return fn(*self.args, **self.kwargs)
         finally:
             rt.fn_frame = None
+
+
+def _share_closure_cells(fdef: ast.FunctionDef) -> tuple[Optional[ast.FunctionDef], str, set[str]]:
+    """A submitted function whose closures share a variable it rebinds, with those variables moved
+    into one object (`closure_cells.box`): ``(fdef, "", the names)``; or ``(None, why, set())``
+    when that cannot be done (it then runs unchanged). Rebuilding its frame with new cells would
+    leave its restored closures reading old values: a lambda appended to a list in the loop kept
+    returning the step of the checkpoint."""
+    why = closures_sharing(fdef)
+    if not why:
+        return fdef, "", set()
+    shared = shared_variables(fdef)
+    blocked = closure_cells.box(fdef, shared) if shared <= set(function_locals(fdef)) \
+        else "a nested function rebinds a variable of an enclosing function"
+    if blocked:
+        return None, f"{why} ({blocked})", set()
+    return fdef, "", shared
 
 
 def _empty_cell(cell: Any) -> bool:

@@ -32,10 +32,10 @@ import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import generator_rewrite
-from .analysis import (bound_names, callee_root, declared_global, function_locals, has_dynamic_parts, is_generator,
-                       is_pure, is_simple_binding, library_roots, loaded_names, method_of_temporary, not_rewritable,
-                       parameters, statement_reads)
+from . import closure_cells, generator_rewrite
+from .analysis import (bound_names, callee_root, closures_sharing, declared_global, function_locals, has_dynamic_parts,
+                       is_generator, is_pure, is_simple_binding, library_roots, loaded_names, method_of_temporary,
+                       not_rewritable, own_scope, parameters, shared_variables, statement_reads)
 
 #: the runtime's name in generated code; it ends in ``__`` so that methods do not mangle it
 RT = "__sg_rt__"
@@ -110,6 +110,8 @@ class Rewritten:
     #: rewritten functions by id, and why the others run unchanged (line -> reason)
     defs: dict[int, DefInfo] = field(default_factory=dict)
     unchanged_defs: dict[int, str] = field(default_factory=dict)
+    #: what to tell the user of each function with loops that runs unchanged (no checkpoint inside)
+    unchanged_loops: tuple[tuple[int, str], ...] = ()
     #: per function id: the source span ``(line, end line, col, end col)`` of each call site -> its node id
     call_spans: dict[int, dict[tuple, int]] = field(default_factory=dict)
 
@@ -200,6 +202,7 @@ class _Rewriter:
         self.nodes: dict[int, NodeInfo] = {}
         self.defs: dict[int, DefInfo] = {}
         self.unchanged_defs: dict[int, str] = {}
+        self.unchanged_loops: list[tuple[int, str]] = []
         self.call_spans: dict[int, dict[tuple, int]] = {}
         self.top_index = 0
         self.func = 0
@@ -232,11 +235,20 @@ class _Rewriter:
 
             def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
                 reason = not_rewritable(node)
+                if reason and reason == closures_sharing(node) and not is_generator(node):
+                    # only its closures' cells stand in the way: share them through one object
+                    shared = shared_variables(node)
+                    why = closure_cells.box(node, shared) if shared <= set(function_locals(node)) \
+                        else "a nested function rebinds a variable of an enclosing function"
+                    reason = f"{reason} ({why})" if why else not_rewritable(node)
                 if reason and is_generator(node) and not self.in_function:
                     # a module-level generator (or a method's): resumable where it suspends
                     reason = generator_rewrite.rewrite(node, self.classes[-1] if self.classes else "") or ""
                 if reason:
                     rewriter.unchanged_defs[node.lineno] = reason
+                    if not is_generator(node) and any(isinstance(n, (ast.For, ast.While)) for n in own_scope(node)):
+                        rewriter.unchanged_loops.append(
+                            (node.lineno, f"{node.name}() runs without safe points: {reason}"))
                     return node
                 if is_generator(node):
                     return node
@@ -640,7 +652,8 @@ def rewrite_module(source: str, filename: str) -> Rewritten:
     _count_next_calls(new_tree)
     ast.fix_missing_locations(new_tree)
     return Rewritten(new_tree, rw.nodes, statements, frozenset(unstable), bool(rw.nodes), returns_last,
-                     defs=rw.defs, unchanged_defs=rw.unchanged_defs, call_spans=rw.call_spans)
+                     defs=rw.defs, unchanged_defs=rw.unchanged_defs, unchanged_loops=tuple(rw.unchanged_loops),
+                     call_spans=rw.call_spans)
 
 
 def rewrite_library(source: str, filename: str, base: int, count_next: bool = False) -> Rewritten:
@@ -656,7 +669,8 @@ def rewrite_library(source: str, filename: str, base: int, count_next: bool = Fa
         _count_next_calls(tree)
     ast.fix_missing_locations(tree)
     return Rewritten(tree, rw.nodes, [], frozenset(rw.unstable), bool(rw.nodes), defs=rw.defs,
-                     unchanged_defs=rw.unchanged_defs, call_spans=rw.call_spans)
+                     unchanged_defs=rw.unchanged_defs, unchanged_loops=tuple(rw.unchanged_loops),
+                     call_spans=rw.call_spans)
 
 
 def rewrite_function(fdef: ast.FunctionDef, local_names: list[str], params: list[str],

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from . import frames, held_managers, iterators, manual_next, open_files, process_settings, rng, scoped_modes, taking
+from . import closure_cells, frames, held_managers, iterators, manual_next, open_files, process_settings, rng, scoped_modes, taking
 from ..checkpoint.errors import CheckpointError, Preempted
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
 from .ports import ControllerView, ProgramView
@@ -48,6 +48,7 @@ class Runtime:
     """
 
     Preempted = Preempted
+    Cells = closure_cells.Cells  # what a function whose closures share its variables keeps them in
 
     def __init__(self, program: ProgramView, namespace: dict, controller: ControllerView) -> None:
         self.program = program

@@ -1,6 +1,6 @@
 """Shapes that run unchanged (no safe point inside them) yet must run and resume correctly:
 recursion, a generator function, a library decorator, a lambda, a thread, and a closure over a
-variable its function rebinds."""
+variable its function rebinds in a function that reads ``locals()``."""
 import random
 import threading
 
@@ -32,6 +32,7 @@ def rebinding():
     decay = lambda: lr * 0.5  # noqa: E731
     for i in range(3):
         lr = decay()
+    assert "lr" in locals()
     return lr
 
 
