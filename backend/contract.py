@@ -29,6 +29,9 @@ EXIT_COLLECTIVE_FAILED = 70
 # Set by the agent for every rank (besides RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 # MASTER_ADDR, MASTER_PORT and CUDA_VISIBLE_DEVICES, which mean what torch.distributed says).
 ENV_JOB_ID = "SINGULARITY_JOB_ID"
+#: "addr:port" of this attempt's rendezvous, as MASTER_ADDR/MASTER_PORT give it, where a script
+#: cannot change it (the DDP tutorial sets MASTER_PORT=12355 itself; distributed/collectives.py)
+ENV_RENDEZVOUS = "SINGULARITY_RENDEZVOUS"
 ENV_ATTEMPT = "SINGULARITY_ATTEMPT"
 #: the write end of the control pipe (backend/worker/main.py: ControlChannel)
 ENV_CONTROL_FD = CONTROL_FD_ENV

@@ -116,6 +116,7 @@ class JobRun:
             "LOCAL_WORLD_SIZE": str(spec.local_world_size),
             "MASTER_ADDR": spec.master_addr,
             "MASTER_PORT": str(spec.master_port),
+            contract.ENV_RENDEZVOUS: f"{spec.master_addr}:{spec.master_port}",
             "CUDA_VISIBLE_DEVICES": ",".join(d.uuid or str(d.index) for d in gpus),
             "OMP_NUM_THREADS": threads,
             "MKL_NUM_THREADS": threads,

@@ -10,6 +10,7 @@ Marker ``corpus``: ``-m 'not corpus'`` leaves these out of a quick run.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -49,6 +50,7 @@ SINGLE = {
     "progress_bars": ["--epochs", "3"],
 }
 DDP_ARGS = ["--steps", "16"]  # ddp_main, 2 ranks
+SPAWN_ARGS = ["--steps", "16", "--world-size", "2"]  # ddp_spawn: mp.spawn of 2 processes
 NOT_BITWISE = {"tensorboard_writer": ("runs",)}  # compared through the scalars instead
 THREADS = {"OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # what a worker gets
 
@@ -72,6 +74,7 @@ def plain_runs(request, tmp_path_factory):
         for program in dict.fromkeys(selected):
             folder = copy_of(program, tmp_path_factory.mktemp(program) / "plain")
             runs[program] = folder, (pool.submit(plain_torchrun, folder, SLEEP + DDP_ARGS, 2) if program == "ddp_main"
+                                     else pool.submit(plain_spawn, folder, SLEEP + SPAWN_ARGS) if program == "ddp_spawn"
                                      else pool.submit(plain_run, folder, SLEEP + SINGLE[program]))
         yield lambda program: (runs[program][0], runs[program][1].result())
 
@@ -171,3 +174,41 @@ def test_ddp_script_with_its_loop_in_main_resumes_exactly_through_resize_and_mig
     assert resized == [(2, 1), (1, 2)]
     assert files_of(submitted) == files_of(plain)
     assert "model.pt" in files_of(plain)
+
+
+def plain_spawn(folder: Path, args: list[str]) -> dict[int, list[str]]:
+    """``python train.py ARGS`` for a script that spawns its ranks itself: their lines told apart
+    by their ``rank N`` prefix (the processes share one pipe, and ``print`` writes a line and its
+    end separately, so lines may be cut by another's); what the parent prints after the spawn
+    goes with rank 0, as the job prints it."""
+    text = "".join(plain_run(folder, args)).replace("\n", "")
+    out: dict[int, list[str]] = {}
+    for match in re.finditer(r"rank (\d+) step \d+ loss [-+.\deE]+?(?=rank |all ranks done|$)|all ranks done", text):
+        line = match.group(0)
+        out.setdefault(int(match.group(1) or 0), []).append(line + "\n")
+    return out
+
+
+@pytest.mark.parametrize("program", ["ddp_spawn"])
+def test_a_script_that_spawns_its_ranks_runs_them_as_the_jobs_and_resumes_exactly(two_nodes, plain_runs, tmp_path,
+                                                                                   program):
+    """mp.spawn(demo_basic, nprocs=2) in a 2-rank job: each rank runs as one spawned process (the
+    script's MASTER_PORT and localhost give way to the job's rendezvous, so its ranks meet across
+    the two nodes), through a resize and a migration, and the parent's last line comes once."""
+    args = SLEEP + SPAWN_ARGS
+    submitted = copy_of(program, tmp_path / "job")
+    plain, expected = plain_runs(program)
+    assert sum(line == "all ranks done\n" for lines in expected.values() for line in lines) == 1
+
+    job = two_nodes.submit(submitted / "train.py", args=args, workdir=submitted, gpus=2, name=program)
+    actions = [resize_to(1), migrate, resize_to(2)]
+    stops = random_stops(SEED + 1, sum(map(len, expected.values())) - 2 * MARGIN, len(actions))
+    assert interrupt_at(job, stops, actions) == len(actions), "the job ended before every interrupt"
+    assert job.wait(300) == JobState.SUCCEEDED, job.info.error
+    assert rank_lines(job) == expected
+    assert files_of(submitted) == files_of(plain) and "model.pt" in files_of(plain)
+
+    wrong = two_nodes.submit(copy_of(program, tmp_path / "one") / "train.py", args=SPAWN_ARGS, workdir=tmp_path / "one",
+                             gpus=1, name="spawn-on-one-rank")
+    assert wrong.wait(120) == JobState.FAILED
+    assert "spawn(nprocs=2) in a job of 1 rank(s)" in wrong.info.error and "--ranks 2" in wrong.info.error

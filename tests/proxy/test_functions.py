@@ -9,6 +9,7 @@ import contextlib
 import io
 import os
 import subprocess
+import threading
 
 import pytest
 
@@ -79,6 +80,30 @@ def test_closures_over_rebound_variables_keep_their_functions_safe_points(launch
     live in one object that the frame and its closures share after a restore too."""
     trace, _ = _check(launcher, "shared_cells.py", tmp_path, seed, extra=4)
     assert {("main",), ("main", "fit"), ("main", "run")} <= _functions(trace)
+
+
+@pytest.mark.parametrize("seed", [13, 14])
+def test_a_main_under_torchruns_record_decorator_has_usable_safe_points(launcher, tmp_path, seed):
+    trace, _ = _check(launcher, "record_main.py", tmp_path, seed, extra=4)
+    assert {("main",), ("main", "fit")} <= _functions(trace)
+
+
+def test_a_request_that_meets_only_a_decorators_safe_points_says_why_when_it_gives_up(tmp_path):
+    """``@torch.no_grad()`` on the function with the loop: a restore could not call the wrapper
+    again (it would put back the grad mode it found), so the request waits, and its timeout
+    answer says which wrapper and what to write instead, not only where the job was."""
+    import torch  # noqa: F401  (imported before the program runs: the request must find it in its loop)
+
+    src = ("import time, torch\n@torch.no_grad()\ndef main():\n    for step in range(60):\n"
+           "        time.sleep(0.05)\nmain()\n")
+    events: list = []
+    ctl = Controller(CheckpointStore(tmp_path / "ck"), on_event=lambda kind, data: events.append((kind, data)))
+    threading.Timer(1.0, lambda: ctl.request_checkpoint("stop", "test", timeout_s=0.5)).start()
+    out, preempted = _run(src, ctl)
+    assert preempted is None
+    errors = [data["error"] for kind, data in events if kind == "checkpoint_failed"]
+    assert len(errors) == 1 and "a decorator's wrapper of main()" in errors[0], errors
+    assert "with torch.no_grad():` block instead" in errors[0] and "in main" in errors[0], errors
 
 
 @pytest.mark.parametrize("seed", [9, 10])
@@ -179,9 +204,14 @@ def test_only_variables_a_closure_really_shares_keep_a_function_unchanged(code, 
     assert not_rewritable(ast.parse(code).body[0]) == reason
 
 
-def test_a_function_whose_loops_get_no_safe_points_says_so_when_the_job_starts(tmp_path):
+
+def test_a_function_whose_loops_get_no_safe_points_is_named_with_the_reason_at_start():
+    """The ``interruptible`` event names it: such a job cannot be preempted inside its loops."""
+    from backend.proxy.engine import interruptible
+
     src = ("def f():\n    lr = 1.0\n    decay = lambda: lr * 0.5\n    for i in range(3):\n        lr = decay()\n"
            "    return sorted(locals())\nprint(f())\n")
-    with pytest.warns(RuntimeWarning, match=r"f\(\) runs without safe points: a closure shares lr.*calls locals\(\)"):
-        out, _ = _run(src, Controller(CheckpointStore(tmp_path / "ck")))
-    assert out == "['decay', 'i', 'lr']\n"
+    report = interruptible.report(ResumableProgram.from_source(src, "<f>"))
+    assert [(m["line"], m["function"]) for m in report["not_safe_points"]] == [(4, "f")]
+    assert "a closure shares lr" in report["not_safe_points"][0]["why"]
+    assert "(it calls locals()" in report["not_safe_points"][0]["why"]

@@ -41,7 +41,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import AllgatherOptions
 from torch.futures import Future
 
-from backend.contract import EXIT_COLLECTIVE_FAILED
+from backend.contract import ENV_RENDEZVOUS, EXIT_COLLECTIVE_FAILED
 
 from . import exact
 from .cut import ConsistentCut, default_cut
@@ -549,6 +549,8 @@ def _patched_init(original: Callable[..., Any]) -> Callable[..., Any]:
         bound.arguments["pg_options"] = Options(inner_backends(backend), wrapped, _STATE.get("reduction", ""),
                                                 user_options)
         bound.arguments.pop("device_id", None)  # the proxy maps devices: each rank's is cuda:0
+        if os.environ.get(ENV_RENDEZVOUS) and bound.arguments.get("store") is None:
+            _job_rendezvous(bound.arguments, os.environ[ENV_RENDEZVOUS])
         result = original(*bound.args, **bound.kwargs)
         pg = default_group()
         if pg is not None:
@@ -557,6 +559,22 @@ def _patched_init(original: Callable[..., Any]) -> Callable[..., Any]:
 
     init_process_group.__singularity_original__ = original  # type: ignore[attr-defined]
     return init_process_group
+
+
+def _job_rendezvous(arguments: dict[str, Any], rendezvous: str) -> None:
+    """Meet at the job's rendezvous, whatever the script names: ``init_method="tcp://10.1.1.20:23456"``
+    (the ImageNet example) or ``os.environ["MASTER_PORT"] = "12355"`` (the DDP tutorial) put every job
+    on one fixed port of one host, so two jobs on a node collided and a rank on another node
+    looked for its peers on its own host. A rank or world size the script passes must be the job's."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    for name, value in (("rank", rank), ("world_size", world)):
+        given = arguments.get(name)
+        if given is not None and int(given) != -1 and int(given) != value:
+            raise ValueError(f"init_process_group({name}={given}) in rank {rank} of a job of {world} rank(s): "
+                             f"the script's {name} must be the job's; submit the job with the number of ranks "
+                             f"the script expects (`--ranks`), or take them from the RANK and WORLD_SIZE "
+                             f"environment variables")
+    arguments.update(init_method=f"tcp://{rendezvous}", rank=rank, world_size=world)
 
 
 def _patched_new_group(original: Callable[..., Any]) -> Callable[..., Any]:

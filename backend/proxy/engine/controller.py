@@ -150,6 +150,13 @@ class Controller:
             self._deferred_why = why
             self.flag = True
 
+    def unusable(self, why: str) -> None:
+        """A pending request passed a safe point it could not use (`frames.user_chain`: a library
+        function between two frames of the program, recursion): if its bound passes, the answer
+        says why, not only where the job was."""
+        if self._pending is not None:
+            self._deferred_why = why
+
     def checkpoint_at_step(self, step: int, then: Then = "stop") -> None:
         """Checkpoint at the first safe point whose step is >= ``step`` (used by the CLI and tests)."""
         with self._lock:

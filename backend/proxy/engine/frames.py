@@ -5,8 +5,9 @@ to it is a rewritten frame of the program, each entered from a call site the rew
 its caller (so a restore can re-enter it without evaluating the call's arguments again). This is
 checked on the slow path only, from the Python frames themselves: calling a function costs
 nothing extra. A library frame in between (``model(x)`` reaching a ``forward`` with a loop, a
-``sorted(key=...)`` callback, a decorator's wrapper, a generator), recursion, or a call the
-rewrite cannot re-enter makes the safe point unusable: a pending request then waits for the
+``sorted(key=...)`` callback, a decorator's wrapper other than the few `library_wrappers` lets a
+restore call again, a generator), recursion, or a call the rewrite cannot re-enter makes the
+safe point unusable: a pending request then waits for the
 next usable one, which at the latest is the first safe point after that call returns.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+from . import library_wrappers
 from .ports import ProgramView
 
 _positions: dict[types.CodeType, list] = {}
@@ -41,6 +43,18 @@ def function_of(fn: Any) -> tuple[Optional[types.FunctionType], tuple]:
     if isinstance(fn, types.FunctionType):
         return fn, ()
     return None, ()
+
+
+def _between(library: types.FrameType, below: Optional[types.FrameType]) -> str:
+    """Why a library frame makes the safe points below it unusable, with what to do when it is a
+    decorator's wrapper of the program's function (it holds that function)."""
+    why = f"a library function ({library.f_code.co_qualname}) stands between two frames of the program"
+    wrapped = below is not None and any(isinstance(v, types.FunctionType) and v.__code__ is below.f_code
+                                        for v in library.f_locals.values())
+    if wrapped:
+        why += (f": a decorator's wrapper of {below.f_code.co_name}(), which a restore cannot call again "
+                f"(for `@torch.no_grad()` and the like, put the loop in a `with torch.no_grad():` block instead)")
+    return why
 
 
 def _call_at(program: ProgramView, fid: int, frame: types.FrameType) -> Optional[int]:
@@ -70,6 +84,7 @@ def _callee_matches(program: ProgramView, cid: int, caller: types.FrameType, cal
     except Exception:
         return False
     func, _ = function_of(fn)
+    func = library_wrappers.unwrap(func)  # `@record` on it: the call reaches it through the wrapper
     return func is not None and func.__code__ is callee.f_code
 
 
@@ -88,12 +103,13 @@ def user_chain(program: ProgramView, stack: list, start: Optional[types.FrameTyp
     while f is not None:
         fid = program.fid_of(f.f_code)
         if fid is None:
-            return f"a library function ({f.f_code.co_qualname}) stands between two frames of the program"
+            return _between(f, chain[-1].frame if chain else None)
         chain.append(UserFrame(fid, f, []))
         if fid == 0:
             break
         caller = f.f_back
-        while caller is not None and caller.f_code in transparent:
+        while caller is not None and (caller.f_code in transparent
+                                      or library_wrappers.is_wrapper_code(caller.f_code)):
             caller = caller.f_back
         f = caller
     else:

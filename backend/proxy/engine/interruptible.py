@@ -30,9 +30,9 @@ def _source_tree(program: Any) -> Optional[ast.AST]:
     return ast.Module(body=[s.node for s in statements], type_ignores=[])
 
 
-def _loops(tree: ast.AST) -> list[tuple[int, str, Optional[str], str]]:
+def _loops(tree: ast.AST, reasons: dict[int, str]) -> list[tuple[int, str, Optional[str], str]]:
     """Every ``for``/``while`` of the code: (line, kind, name of the innermost enclosing def, why
-    that def runs unchanged or '')."""
+    that def runs unchanged or ''); ``reasons``: the rewrite's, by the def's line."""
     out: list[tuple[int, str, Optional[str], str]] = []
 
     def walk(node: ast.AST, scope: Optional[str], why: str) -> None:
@@ -40,7 +40,7 @@ def _loops(tree: ast.AST) -> list[tuple[int, str, Optional[str], str]]:
             inner, inner_why = scope, why
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 inner = child.name if scope is None else f"{scope}.{child.name}"
-                inner_why = analysis.not_rewritable(child)
+                inner_why = reasons.get(child.lineno) or analysis.not_rewritable(child)
             elif isinstance(child, ast.ClassDef):
                 inner = child.name if scope is None else f"{scope}.{child.name}"
             elif isinstance(child, (ast.For, ast.While, ast.AsyncFor)):
@@ -83,7 +83,7 @@ def report(program: Any) -> dict[str, Any]:
     instrumented = {(n.line, n.kind) for n in nodes if n.kind in ("for", "while")}
     boundaries = sum(1 for n in nodes if n.kind == "boundary")
     tree = _source_tree(program)
-    loops = _loops(tree) if tree is not None else [(line, kind, None, "") for line, kind in sorted(instrumented)]
+    loops = _loops(tree, getattr(program, "unchanged_defs", {})) if tree is not None else [(line, kind, None, "") for line, kind in sorted(instrumented)]
     scope_of = {(line, kind): scope for line, kind, scope, _ in loops}
     safe = [{"line": n.line, "kind": n.kind,
              "function": getattr(n, "function", None) or scope_of.get((n.line, n.kind))}

@@ -186,6 +186,11 @@ class ResumableProgram:
         return self._merged
 
     @property
+    def unchanged_defs(self) -> dict[int, str]:
+        """Why each function of the program that runs unchanged does (its line -> the reason)."""
+        return self._rewritten.unchanged_defs if self._rewritten else {}
+
+    @property
     def nodes(self) -> dict:
         if not libraries.REGISTRY.version:
             return self._rewritten.nodes if self._rewritten else {}
@@ -276,9 +281,6 @@ class ResumableProgram:
         if self.fallback_reason and self.kind == "callable":
             warnings.warn(f"{self.fn!r} runs without safe points: {self.fallback_reason}", RuntimeWarning,
                           stacklevel=2)
-        for line, unchanged in (self._rewritten.unchanged_loops if self._rewritten and restore is None else ()):
-            warnings.warn_explicit(f"{unchanged}; no checkpoint can be taken while its loops run", RuntimeWarning,
-                                   self.filename, line)
         controller.attach(rt)
         libraries.bind(rt)
         ownership.PROGRAM.set(globals_, self._folder())

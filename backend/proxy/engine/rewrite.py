@@ -32,10 +32,11 @@ import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import closure_cells, generator_rewrite
+from . import closure_cells, generator_rewrite, spawned
 from .analysis import (bound_names, callee_root, closures_sharing, declared_global, function_locals, has_dynamic_parts,
                        is_generator, is_pure, is_simple_binding, library_roots, loaded_names, method_of_temporary,
-                       not_rewritable, own_scope, parameters, shared_variables, statement_reads)
+                       not_rewritable, parameters, shared_variables, statement_reads)
+from .library_patches import imported_names
 
 #: the runtime's name in generated code; it ends in ``__`` so that methods do not mangle it
 RT = "__sg_rt__"
@@ -110,8 +111,6 @@ class Rewritten:
     #: rewritten functions by id, and why the others run unchanged (line -> reason)
     defs: dict[int, DefInfo] = field(default_factory=dict)
     unchanged_defs: dict[int, str] = field(default_factory=dict)
-    #: what to tell the user of each function with loops that runs unchanged (no checkpoint inside)
-    unchanged_loops: tuple[tuple[int, str], ...] = ()
     #: per function id: the source span ``(line, end line, col, end col)`` of each call site -> its node id
     call_spans: dict[int, dict[tuple, int]] = field(default_factory=dict)
 
@@ -202,7 +201,6 @@ class _Rewriter:
         self.nodes: dict[int, NodeInfo] = {}
         self.defs: dict[int, DefInfo] = {}
         self.unchanged_defs: dict[int, str] = {}
-        self.unchanged_loops: list[tuple[int, str]] = []
         self.call_spans: dict[int, dict[tuple, int]] = {}
         self.top_index = 0
         self.func = 0
@@ -246,9 +244,6 @@ class _Rewriter:
                     reason = generator_rewrite.rewrite(node, self.classes[-1] if self.classes else "") or ""
                 if reason:
                     rewriter.unchanged_defs[node.lineno] = reason
-                    if not is_generator(node) and any(isinstance(n, (ast.For, ast.While)) for n in own_scope(node)):
-                        rewriter.unchanged_loops.append(
-                            (node.lineno, f"{node.name}() runs without safe points: {reason}"))
                     return node
                 if is_generator(node):
                     return node
@@ -632,6 +627,7 @@ def _count_next_calls(tree: ast.AST) -> None:
 def rewrite_module(source: str, filename: str) -> Rewritten:
     """Parse and rewrite a cell/script; the last expression statement feeds ``set_result``."""
     tree = ast.parse(source, filename=filename, mode="exec")
+    spawned.rewrite(tree, imported_names(tree))  # mp.spawn(main_worker, ...): the rank is one of them
     statements = _statement_infos(tree.body)
     unstable = declared_global(tree)
     body = list(tree.body)
@@ -652,7 +648,7 @@ def rewrite_module(source: str, filename: str) -> Rewritten:
     _count_next_calls(new_tree)
     ast.fix_missing_locations(new_tree)
     return Rewritten(new_tree, rw.nodes, statements, frozenset(unstable), bool(rw.nodes), returns_last,
-                     defs=rw.defs, unchanged_defs=rw.unchanged_defs, unchanged_loops=tuple(rw.unchanged_loops),
+                     defs=rw.defs, unchanged_defs=rw.unchanged_defs,
                      call_spans=rw.call_spans)
 
 
@@ -669,7 +665,7 @@ def rewrite_library(source: str, filename: str, base: int, count_next: bool = Fa
         _count_next_calls(tree)
     ast.fix_missing_locations(tree)
     return Rewritten(tree, rw.nodes, [], frozenset(rw.unstable), bool(rw.nodes), defs=rw.defs,
-                     unchanged_defs=rw.unchanged_defs, unchanged_loops=tuple(rw.unchanged_loops),
+                     unchanged_defs=rw.unchanged_defs,
                      call_spans=rw.call_spans)
 
 

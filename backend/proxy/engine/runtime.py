@@ -20,7 +20,8 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from . import closure_cells, frames, held_managers, iterators, manual_next, open_files, process_settings, rng, scoped_modes, taking
+from . import (closure_cells, frames, held_managers, iterators, library_wrappers, manual_next, open_files,
+               process_settings, rng, scoped_modes, spawned, taking)
 from ..checkpoint.errors import CheckpointError, Preempted
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
 from .ports import ControllerView, ProgramView
@@ -120,6 +121,13 @@ class Runtime:
     def go_any(self, nodes: tuple) -> bool:
         return self._path[self._depth]["node"] in nodes
 
+    # ------------------------------------------------------------------ torch.multiprocessing.spawn (spawned.py)
+    def spawned_rank(self, nprocs: Any) -> int:
+        return spawned.rank_of_spawned(nprocs)
+
+    def spawn_joined(self, _returned: Any) -> None:
+        spawned.joined()
+
     def restored_locals(self) -> dict:
         return self._restored_locals or {}
 
@@ -129,11 +137,12 @@ class Runtime:
         with placeholder arguments: its prologue (`arrive`) loads the saved locals instead."""
         rec, _ = self._take(node)
         func, bound = frames.function_of(fn)
-        if func is None or self.program.fid_of(func.__code__) != rec["function"]:
+        inner = library_wrappers.unwrap(func)  # called through `@record`: the wrapper again
+        if inner is None or self.program.fid_of(inner.__code__) != rec["function"]:
             raise CheckpointError(
                 f"restore re-entered the call at line {rec['line']}, but it now calls {fn!r}, not the "
                 f"function {self.program.defs[rec['function']].name}() the checkpoint was taken in")
-        code = func.__code__
+        code = inner.__code__
         positional = [None] * (code.co_argcount - len(bound))
         keywords = {k: None for k in code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]}
         self._arriving = rec
@@ -320,6 +329,7 @@ class Runtime:
         """Slow path, entered only when the controller raised its flag."""
         chain = self._user_chain()
         if isinstance(chain, str):  # not usable: requests wait for the next usable safe point
+            self.ctl.unusable(chain)
             if self.ctl.poll_progress():
                 self.ctl.emit("progress", {"step": self.step, "loops": self.loop_counters()})
             return
