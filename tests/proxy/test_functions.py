@@ -88,6 +88,24 @@ def test_a_main_under_torchruns_record_decorator_has_usable_safe_points(launcher
     assert {("main",), ("main", "fit")} <= _functions(trace)
 
 
+@pytest.mark.parametrize("seed", [15, 16])
+def test_a_click_command_as_main_has_usable_safe_points(launcher, tmp_path, seed):
+    trace, _ = _check(launcher, "click_main.py", tmp_path, seed, extra=4)
+    assert ("main",) in _functions(trace)
+
+
+def test_a_click_command_called_with_arguments_keeps_its_loops_unusable(tmp_path):
+    """Called again, a command would get no arguments: ``main([], standalone_mode=False)`` would then
+    exit where the program goes on. Its safe points stay unusable (the request waits)."""
+    src = ("import click\n@click.command()\ndef main():\n    for i in range(3):\n        pass\n"
+           "main([], standalone_mode=False)\nfor j in range(2):\n    pass\n")
+    seen: list = []
+    ctl = Controller(CheckpointStore(tmp_path / "ck"))
+    ctl.trace_safe_points(lambda step, where: seen.append(where.get("functions", [])))
+    ResumableProgram.from_source(src, "<click>").run({"__name__": "__main__"}, ctl)
+    assert seen and ["main"] not in seen
+
+
 def test_a_request_that_meets_only_a_decorators_safe_points_says_why_when_it_gives_up(tmp_path):
     """``@torch.no_grad()`` on the function with the loop: a restore could not call the wrapper
     again (it would put back the grad mode it found), so the request waits, and its timeout
@@ -104,6 +122,22 @@ def test_a_request_that_meets_only_a_decorators_safe_points_says_why_when_it_giv
     errors = [data["error"] for kind, data in events if kind == "checkpoint_failed"]
     assert len(errors) == 1 and "a decorator's wrapper of main()" in errors[0], errors
     assert "with torch.no_grad():` block instead" in errors[0] and "in main" in errors[0], errors
+
+
+@pytest.mark.parametrize("src,usable", [
+    ("import threading\ndef train(n):\n    for i in range(n):\n        pass\n"
+     "threading.Thread(target=train, args=(3,)).start()\n", False),  # a library calls it: told at start
+    ("import torch.multiprocessing as mp\ndef work(rank):\n    for i in range(3):\n        pass\n"
+     "mp.spawn(work, nprocs=1)\n", True),  # rewritten into a call of work (spawned.py)
+    ("def run(fn):\n    return fn()\ndef train():\n    for i in range(3):\n        pass\nrun(train)\n", True),
+])
+def test_loops_of_a_function_only_a_library_calls_are_reported_as_not_usable(src, usable):
+    from backend.proxy.engine import interruptible
+
+    report = interruptible.report(ResumableProgram.from_source(src, "<f>"))
+    assert report["interruptible"] is usable, report
+    if not usable:
+        assert "train() is called by threading.Thread() at line 5" in report["not_safe_points"][0]["why"]
 
 
 @pytest.mark.parametrize("seed", [9, 10])

@@ -140,6 +140,11 @@ class _Boxer(ast.NodeTransformer):
         args.kw_defaults = [None if d is None else self.visit(d) for d in args.kw_defaults]
         if not isinstance(node, ast.Lambda):
             node.decorator_list = [self.visit(d) for d in node.decorator_list]  # type: ignore[attr-defined]
+            for a in args.posonlyargs + args.args + args.kwonlyargs + [v for v in (args.vararg, args.kwarg) if v]:
+                if a.annotation is not None:
+                    a.annotation = self.visit(a.annotation)
+            if node.returns is not None:  # type: ignore[attr-defined]
+                node.returns = self.visit(node.returns)  # type: ignore[attr-defined]
         inner = self.names - _own_locals(node)
         if isinstance(node, ast.Lambda):
             node.body = self._inside(inner, [node.body])[0]

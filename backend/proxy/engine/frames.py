@@ -83,7 +83,9 @@ def _callee_matches(program: ProgramView, cid: int, caller: types.FrameType, cal
             fn = eval(info.callee, caller.f_globals, caller.f_locals)  # a name or an attribute chain (see rewrite)
     except Exception:
         return False
-    func, _ = function_of(fn)
+    if library_wrappers.is_click_command(fn) and not info.bare:
+        return False  # called again, a command gets no arguments (`library_wrappers`)
+    func, _ = function_of(library_wrappers.target(fn))
     func = library_wrappers.unwrap(func)  # `@record` on it: the call reaches it through the wrapper
     return func is not None and func.__code__ is callee.f_code
 

@@ -77,6 +77,24 @@ def _top_level_calls(tree: ast.AST, names: set[str]) -> dict[str, list[int]]:
     return found
 
 
+def _handed_to_libraries(tree: ast.AST, nodes: list) -> dict[str, str]:
+    """Functions of the program that a library call receives (``fire.Fire(main)``,
+    ``threading.Thread(target=train)``, ``mp.spawn(fn, join=False)``) and that no call site of the
+    program calls: name -> ``the call (line N)``. Their loops are tracked, but the library's frames
+    stand between them and the top level, so no safe point in them is usable."""
+    called = {n.callee.rpartition(".")[2] for n in nodes if n.kind == "call" and n.callee} | \
+        {n.method for n in nodes if n.kind == "call" and n.method}
+    library = analysis.library_roots(tree)
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or analysis.callee_root(node.func) not in library:
+            continue
+        for arg in [*node.args, *(k.value for k in node.keywords)]:
+            if isinstance(arg, ast.Name) and arg.id not in called and arg.id not in library:
+                out.setdefault(arg.id, f"{ast.unparse(node.func)}() at line {node.lineno}")
+    return out
+
+
 def report(program: Any) -> dict[str, Any]:
     """The ``interruptible`` event: safe-point loops, loops that are not safe points, and a message."""
     nodes = list(program.nodes.values())
@@ -90,6 +108,12 @@ def report(program: Any) -> dict[str, Any]:
             for n in sorted(nodes, key=lambda n: n.line) if n.kind in ("for", "while")]
     missed = [{"line": line, "kind": kind, "function": scope, "why": why} for line, kind, scope, why in loops
               if (line, kind) not in instrumented]
+    handed = _handed_to_libraries(tree, nodes) if tree is not None else {}
+    for entry in [s for s in safe if (s["function"] or "").split(".")[0] in handed]:
+        name = entry["function"].split(".")[0]
+        safe.remove(entry)
+        missed.append({**entry, "why": f"{name}() is called by {handed[name]}, a library function, which a "
+                                      f"restore cannot call again; call {name}() from the program itself"})
     name = program.filename
     out: dict[str, Any] = {"interruptible": bool(safe), "safe_points": safe[:MAX_LISTED], "loops": len(safe),
                            "boundaries": boundaries, "not_safe_points": missed[:MAX_LISTED]}

@@ -75,6 +75,8 @@ class NodeInfo:
     #: for a call of a method on an object no name holds (``Trainer(cfg).fit()``): the method's
     #: name; the receiver is the callee frame's first argument, never evaluated again
     method: str = ""
+    #: for a call: whether it passes no arguments (``main()``; `library_wrappers`: a click command)
+    bare: bool = False
 
 
 @dataclass(frozen=True)
@@ -357,7 +359,8 @@ class _Rewriter:
                     info = rewriter._new("call", original, method=original.func.attr)
                     reenter = _rt_call("reenter_method", _const(info.id), _const(info.method))
                 else:
-                    info = rewriter._new("call", original, callee=ast.unparse(original.func))
+                    info = rewriter._new("call", original, callee=ast.unparse(original.func),
+                                         bare=not original.args and not original.keywords)
                     reenter = _rt_call("reenter", _const(info.id), copy.deepcopy(original.func))
                 span = (original.lineno, original.end_lineno, original.col_offset, original.end_col_offset)
                 rewriter.call_spans.setdefault(rewriter.func, {})[span] = info.id

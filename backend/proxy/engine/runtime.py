@@ -136,16 +136,18 @@ class Runtime:
         """Call the function a checkpointed frame was running, as the call site ``node`` did, but
         with placeholder arguments: its prologue (`arrive`) loads the saved locals instead."""
         rec, _ = self._take(node)
-        func, bound = frames.function_of(fn)
+        func, bound = frames.function_of(library_wrappers.target(fn))
         inner = library_wrappers.unwrap(func)  # called through `@record`: the wrapper again
         if inner is None or self.program.fid_of(inner.__code__) != rec["function"]:
             raise CheckpointError(
                 f"restore re-entered the call at line {rec['line']}, but it now calls {fn!r}, not the "
                 f"function {self.program.defs[rec['function']].name}() the checkpoint was taken in")
+        self._arriving = rec
+        if library_wrappers.is_click_command(fn):
+            return fn()  # as the call site did: click parses sys.argv and calls the callback
         code = inner.__code__
         positional = [None] * (code.co_argcount - len(bound))
         keywords = {k: None for k in code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]}
-        self._arriving = rec
         return func(*bound, *positional, **keywords)
 
     def reenter_method(self, node: int, method: str) -> Any:
