@@ -19,7 +19,7 @@ A text file the program holds in a variable (``f = open(p)``; ``header = next(f)
 in f:``) is pickled with its ``tell()``, which ``next()`` on a text file disables. So the program's
 loops read text files through `LineReader` and its ``next(f)`` calls become ``f.readline()``:
 the same lines, and ``tell()`` keeps working (~55 ns more a line). ``csv.reader`` reads through
-`LineReader` too (`handles.CsvReader`). Only a library iterating the file itself still disables
+the file's ``readline()`` too (`handles.CsvReader`). Only a library iterating the file itself still disables
 it; such a file is then refused with advice, or re-read by the loop that a ``with`` statement
 re-creates.
 """
