@@ -22,7 +22,8 @@ from __future__ import annotations
 import ast
 from typing import Any, Iterable
 
-from .analysis import bound_names, own_scope, parameters
+from .analysis import (bound_names, closures_sharing, function_locals, own_scope, parameters,
+                       shared_variables)
 
 #: the local that holds the shared variables (bound once, so closures may share it)
 BOX = "__sg_cells__"  # ends in `__`: a method does not mangle it
@@ -39,6 +40,19 @@ class Cells:
             raise AttributeError(name)  # pickle and copy look for optional hooks
         raise NameError(f"cannot access free variable '{name}' where it is not associated with a value "
                         f"in enclosing scope")
+
+
+def box_shared(fdef: ast.FunctionDef) -> tuple[str, set[str]]:
+    """Box the variables ``fdef``'s closures share and it rebinds (`analysis.closures_sharing`):
+    ``("", the names)`` when done or when there are none; else ``(why it must run unchanged,
+    set())``, ``fdef`` unchanged."""
+    why = closures_sharing(fdef)
+    if not why:
+        return "", set()
+    shared = shared_variables(fdef)
+    blocked = box(fdef, shared) if shared <= set(function_locals(fdef)) \
+        else "a nested function rebinds a variable of an enclosing function"
+    return (f"{why} ({blocked})", set()) if blocked else ("", shared)
 
 
 def box(fdef: ast.FunctionDef, names: Iterable[str]) -> str:
@@ -107,7 +121,8 @@ def _own_locals(scope: ast.AST) -> set[str]:
     """The names a nested function or lambda binds itself (parameters, assignments), less those it
     declares ``nonlocal`` or ``global``."""
     args = scope.args  # type: ignore[attr-defined]
-    params = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs + [v for v in (args.vararg, args.kwarg) if v]}
+    params = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs
+              + [v for v in (args.vararg, args.kwarg) if v]}
     if isinstance(scope, ast.Lambda):
         return params
     declared = {n for node in own_scope(scope) if isinstance(node, (ast.Nonlocal, ast.Global)) for n in node.names}

@@ -101,7 +101,8 @@ def report(program: Any) -> dict[str, Any]:
     instrumented = {(n.line, n.kind) for n in nodes if n.kind in ("for", "while")}
     boundaries = sum(1 for n in nodes if n.kind == "boundary")
     tree = _source_tree(program)
-    loops = _loops(tree, getattr(program, "unchanged_defs", {})) if tree is not None else [(line, kind, None, "") for line, kind in sorted(instrumented)]
+    loops = _loops(tree, getattr(program, "unchanged_defs", {})) if tree is not None \
+        else [(line, kind, None, "") for line, kind in sorted(instrumented)]
     scope_of = {(line, kind): scope for line, kind, scope, _ in loops}
     safe = [{"line": n.line, "kind": n.kind,
              "function": getattr(n, "function", None) or scope_of.get((n.line, n.kind))}

@@ -15,13 +15,14 @@ A ``click`` command (``@click.command()`` with ``@click.option`` decorators on `
 ``main()``) is the other case: click's frames stand between the call and ``main``, and a restore
 calls the command again exactly as the call site did (no arguments: click parses the job's
 ``sys.argv``, which the checkpoint carries, and calls ``main`` with the same values, which the
-restore then replaces by the saved locals). Only a call without arguments counts: one such as
-``main(standalone_mode=False)`` would be called again without them (`bare_call`). Not listed, so still unusable below: decorators that switch a mode and
-put back, on return, the mode they found (``@torch.no_grad()``, ``@torch.autocast``): a restore
-cannot know the mode of the caller they would put back, since no frame of the program records
-it (a ``with`` statement of the program does, `scoped_modes`); ``contextlib``'s decorators run the
-program's own ``__enter__`` again; ``hydra.main`` parses the command line and makes a new output
-folder.
+restore then replaces by the saved locals). Only a call without arguments counts
+(`NodeInfo.bare`): ``main(standalone_mode=False)`` would be called again without them.
+
+Not listed, so still unusable below: decorators that switch a mode and put back, on return, the
+mode they found (``@torch.no_grad()``, ``@torch.autocast``): a restore cannot know the mode of
+the caller they would put back, since no frame of the program records it (a ``with`` statement
+of the program does, `scoped_modes`); ``contextlib``'s decorators run the program's own
+``__enter__`` again; ``hydra.main`` parses the command line and makes a new output folder.
 """
 from __future__ import annotations
 

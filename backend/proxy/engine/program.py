@@ -13,10 +13,9 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import (caches, closure_cells, context, exit_handlers, handles, imported_submodules, libraries, library_patches,
-               module_state, ownership, process_settings, scoped_modes, training_state, type_memos)
+from . import (caches, closure_cells, context, exit_handlers, handles, imported_submodules, libraries,
+               library_patches, module_state, ownership, process_settings, scoped_modes, training_state, type_memos)
 from ..checkpoint.errors import CheckpointError, Preempted
-from .analysis import closures_sharing, function_locals, shared_variables
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
 from .state import extract_code_globals, load_graph, rebuild_variables
@@ -139,8 +138,10 @@ class ResumableProgram:
                     _register_source(filename, "\n" * offset + textwrap.dedent(attached))
                 fdef, reason = cls._find_def(fn, text, offset)
         boxed: set[str] = set()
-        if fdef is not None:
-            fdef, reason, boxed = _share_closure_cells(fdef)
+        if fdef is not None:  # its closures' shared variables go into one object, or it runs unchanged
+            blocked, boxed = closure_cells.box_shared(fdef)
+            if blocked:
+                fdef, reason = None, blocked
         if fdef is None:
             digest = _digest("callable-plain", fn.__qualname__ if hasattr(fn, "__qualname__") else repr(fn),
                              getattr(getattr(fn, "__code__", None), "co_code", b"").hex())
@@ -149,7 +150,8 @@ class ResumableProgram:
         nparams = code_obj.co_argcount + code_obj.co_kwonlyargcount + \
             bool(code_obj.co_flags & inspect.CO_VARARGS) + bool(code_obj.co_flags & inspect.CO_VARKEYWORDS)
         local_names = [n for n in dict.fromkeys(code_obj.co_varnames + code_obj.co_cellvars)
-                       if n not in boxed or n in code_obj.co_varnames[:nparams]] + ([closure_cells.BOX] if boxed else [])
+                       if n not in boxed or n in code_obj.co_varnames[:nparams]]
+        local_names += [closure_cells.BOX] if boxed else []  # the boxed variables live in it
         rewritten = rewrite_function(fdef, local_names, list(code_obj.co_varnames[:nparams]),
                                      list(code_obj.co_freevars))
         module_code = compile(rewritten.tree, filename, "exec", dont_inherit=True)
@@ -375,23 +377,6 @@ class ResumableProgram:
             return fn(*self.args, **self.kwargs)
         finally:
             rt.fn_frame = None
-
-
-def _share_closure_cells(fdef: ast.FunctionDef) -> tuple[Optional[ast.FunctionDef], str, set[str]]:
-    """A submitted function whose closures share a variable it rebinds, with those variables moved
-    into one object (`closure_cells.box`): ``(fdef, "", the names)``; or ``(None, why, set())``
-    when that cannot be done (it then runs unchanged). Rebuilding its frame with new cells would
-    leave its restored closures reading old values: a lambda appended to a list in the loop kept
-    returning the step of the checkpoint."""
-    why = closures_sharing(fdef)
-    if not why:
-        return fdef, "", set()
-    shared = shared_variables(fdef)
-    blocked = closure_cells.box(fdef, shared) if shared <= set(function_locals(fdef)) \
-        else "a nested function rebinds a variable of an enclosing function"
-    if blocked:
-        return None, f"{why} ({blocked})", set()
-    return fdef, "", shared
 
 
 def _empty_cell(cell: Any) -> bool:

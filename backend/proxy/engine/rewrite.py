@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from . import closure_cells, generator_rewrite, spawned
-from .analysis import (bound_names, callee_root, closures_sharing, declared_global, function_locals, has_dynamic_parts,
-                       is_generator, is_pure, is_simple_binding, library_roots, loaded_names, method_of_temporary,
-                       not_rewritable, parameters, shared_variables, statement_reads)
+from .analysis import (bound_names, callee_root, closures_sharing, declared_global, function_locals,
+                       has_dynamic_parts, is_generator, is_pure, is_simple_binding, library_roots, loaded_names,
+                       method_of_temporary, not_rewritable, parameters, statement_reads)
 from .library_patches import imported_names
 
 #: the runtime's name in generated code; it ends in ``__`` so that methods do not mangle it
@@ -237,10 +237,7 @@ class _Rewriter:
                 reason = not_rewritable(node)
                 if reason and reason == closures_sharing(node) and not is_generator(node):
                     # only its closures' cells stand in the way: share them through one object
-                    shared = shared_variables(node)
-                    why = closure_cells.box(node, shared) if shared <= set(function_locals(node)) \
-                        else "a nested function rebinds a variable of an enclosing function"
-                    reason = f"{reason} ({why})" if why else not_rewritable(node)
+                    reason = closure_cells.box_shared(node)[0] or not_rewritable(node)
                 if reason and is_generator(node) and not self.in_function:
                     # a module-level generator (or a method's): resumable where it suspends
                     reason = generator_rewrite.rewrite(node, self.classes[-1] if self.classes else "") or ""
@@ -651,8 +648,7 @@ def rewrite_module(source: str, filename: str) -> Rewritten:
     _count_next_calls(new_tree)
     ast.fix_missing_locations(new_tree)
     return Rewritten(new_tree, rw.nodes, statements, frozenset(unstable), bool(rw.nodes), returns_last,
-                     defs=rw.defs, unchanged_defs=rw.unchanged_defs,
-                     call_spans=rw.call_spans)
+                     defs=rw.defs, unchanged_defs=rw.unchanged_defs, call_spans=rw.call_spans)
 
 
 def rewrite_library(source: str, filename: str, base: int, count_next: bool = False) -> Rewritten:
@@ -668,8 +664,7 @@ def rewrite_library(source: str, filename: str, base: int, count_next: bool = Fa
         _count_next_calls(tree)
     ast.fix_missing_locations(tree)
     return Rewritten(tree, rw.nodes, [], frozenset(rw.unstable), bool(rw.nodes), defs=rw.defs,
-                     unchanged_defs=rw.unchanged_defs,
-                     call_spans=rw.call_spans)
+                     unchanged_defs=rw.unchanged_defs, call_spans=rw.call_spans)
 
 
 def rewrite_function(fdef: ast.FunctionDef, local_names: list[str], params: list[str],
