@@ -208,7 +208,8 @@ def test_a_script_that_spawns_its_ranks_runs_them_as_the_jobs_and_resumes_exactl
     assert rank_lines(job) == expected
     assert files_of(submitted) == files_of(plain) and "model.pt" in files_of(plain)
 
-    wrong = two_nodes.submit(copy_of(program, tmp_path / "one") / "train.py", args=SPAWN_ARGS, workdir=tmp_path / "one",
-                             gpus=1, name="spawn-on-one-rank")
+    other = copy_of(program, tmp_path / "four")
+    wrong = two_nodes.submit(other / "train.py", args=["--steps", "2", "--world-size", "4"], workdir=other, gpus=2,
+                             name="spawn-4-in-2-ranks")
     assert wrong.wait(120) == JobState.FAILED
-    assert "spawn(nprocs=2) in a job of 1 rank(s)" in wrong.info.error and "--ranks 2" in wrong.info.error
+    assert "spawn(nprocs=4) in a job of 2 ranks" in wrong.info.error and "--ranks 4" in wrong.info.error

@@ -26,7 +26,10 @@ def _rewritten(src: str) -> str:
     "from torch import multiprocessing as tmp\ntmp.start_processes(work, (2, cfg), 2, start_method='spawn')",
 ])
 def test_a_joined_spawn_statement_becomes_a_call_of_its_function_as_this_ranks_process(src):
-    assert _rewritten(src).endswith("__sg_rt__.spawn_joined(work(__sg_rt__.spawned_rank(2), *(2, cfg)))")
+    lines = _rewritten(src).splitlines()
+    assert lines[1:4] == ["if __sg_rt__.spawns_ranks(2):",
+                          "    __sg_rt__.spawn_joined(work(__sg_rt__.spawned_rank(), *(2, cfg)))", "else:"]
+    assert lines[4] == "    " + src.splitlines()[1]  # a one-rank job that spawns helpers spawns them
 
 
 @pytest.mark.parametrize("src", [
@@ -43,9 +46,15 @@ def test_other_shapes_run_as_written(src):
 def test_the_number_of_processes_must_be_the_jobs_ranks(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    assert spawned.rank_of_spawned(2) == 1
-    with pytest.raises(RuntimeError, match=r"spawn\(nprocs=4\) in a job of 2 rank\(s\).*--ranks 4"):
-        spawned.rank_of_spawned(4)
+    assert spawned.spawns_ranks(2) and spawned.rank_of_spawned() == 1
+    with pytest.raises(RuntimeError, match=r"spawn\(nprocs=4\) in a job of 2 ranks.*--ranks 4"):
+        spawned.spawns_ranks(4)
+
+
+def test_a_one_rank_job_that_spawns_helpers_spawns_them_with_a_warning(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.warns(RuntimeWarning, match=r"spawn\(nprocs=3\) in a one-rank job .*`--ranks 3`"):
+        assert spawned.spawns_ranks(3) is False
 
 
 def test_the_spawned_function_runs_in_this_process_with_its_loops_as_safe_points(tmp_path, monkeypatch):

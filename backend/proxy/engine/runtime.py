@@ -122,8 +122,11 @@ class Runtime:
         return self._path[self._depth]["node"] in nodes
 
     # ------------------------------------------------------------------ torch.multiprocessing.spawn (spawned.py)
-    def spawned_rank(self, nprocs: Any) -> int:
-        return spawned.rank_of_spawned(nprocs)
+    def spawns_ranks(self, nprocs: Any) -> bool:
+        return spawned.spawns_ranks(nprocs)
+
+    def spawned_rank(self) -> int:
+        return spawned.rank_of_spawned()
 
     def spawn_joined(self, _returned: Any) -> None:
         spawned.joined()

@@ -6,18 +6,28 @@ the process group as rank ``i``. A job already runs one process per rank, so suc
 ``W × W`` processes, which fought over the script's fixed rendezvous port and escaped the engine.
 
 So the rewrite turns the statement into a call of the function itself (`rewrite`):
-``__sg_rt__.spawn_joined(main_worker(__sg_rt__.spawned_rank(world_size), *(world_size, args)))``.
+
+    if __sg_rt__.spawns_ranks(world_size):
+        __sg_rt__.spawn_joined(main_worker(__sg_rt__.spawned_rank(), *(world_size, args)))
+    else:
+        mp.spawn(main_worker, args=(world_size, args), nprocs=world_size)
+
 Every rank runs the script's code up to the spawn as the parent would (argparse, reading the
-config), then runs ``main_worker`` as spawned process number RANK; ``nprocs`` must be the job's
-number of ranks (`spawned_rank` says so otherwise). ``main_worker`` is called from a call site of
-the program, so its loops are safe points like those of ``main()``. What the parent does after
-the spawn returned runs on rank 0, once its own process returned (`spawn_joined`: the other
-ranks end there, as spawned processes do); it does not wait for the others.
+config), then runs ``main_worker`` as spawned process number RANK. ``main_worker`` is called
+from a call site of the program, so its loops are safe points like those of ``main()``. What the
+parent does after the spawn returned runs on rank 0, once its own process returned
+(`spawn_joined`: the other ranks end there, as spawned processes do); it does not wait for the
+others. ``nprocs`` must be the job's number of ranks: a job of several ranks that spawns another
+number fails saying so; a one-rank job that spawns several processes (workers that preprocess
+shards, or a DDP script submitted without ``--ranks``) spawns them as written, with a warning that
+no checkpoint can be taken while they run (`spawns_ranks`).
 """
 from __future__ import annotations
 
 import ast
+import copy
 import os
+import warnings
 from typing import Any, Optional
 
 #: what a spawn call's callee must resolve to (through the script's imports)
@@ -64,28 +74,44 @@ def rewrite(tree: ast.Module, imported: dict[str, str]) -> None:
                     (join is not None and not (isinstance(join, ast.Constant) and join.value is True)):
                 return node  # another shape (join=False, fn an attribute): runs as written
             rt = ast.Name(id="__sg_rt__", ctx=ast.Load())
-            rank = ast.Call(func=ast.Attribute(value=rt, attr="spawned_rank", ctx=ast.Load()),
-                            args=[found.get("nprocs", ast.Constant(value=1))], keywords=[])
-            args: list[ast.expr] = [rank]
+            nprocs = found.get("nprocs", ast.Constant(value=1))
+            args: list[ast.expr] = [ast.Call(func=ast.Attribute(value=rt, attr="spawned_rank", ctx=ast.Load()),
+                                             args=[], keywords=[])]
             if "args" in found:
-                args.append(ast.Starred(value=found["args"], ctx=ast.Load()))
-            worker = ast.Call(func=found["fn"], args=args, keywords=[])
-            joined = ast.Call(func=ast.Attribute(value=ast.Name(id="__sg_rt__", ctx=ast.Load()), attr="spawn_joined",
-                                                 ctx=ast.Load()), args=[worker], keywords=[])
-            return ast.copy_location(ast.Expr(value=joined), node)
+                args.append(ast.Starred(value=copy.deepcopy(found["args"]), ctx=ast.Load()))
+            worker = ast.Call(func=copy.deepcopy(found["fn"]), args=args, keywords=[])  # the original stays whole
+            joined = ast.Call(func=ast.Attribute(value=rt, attr="spawn_joined", ctx=ast.Load()), args=[worker],
+                              keywords=[])
+            test = ast.Call(func=ast.Attribute(value=rt, attr="spawns_ranks", ctx=ast.Load()),
+                            args=[copy.deepcopy(nprocs)], keywords=[])
+            branch = ast.If(test=test, body=[ast.copy_location(ast.Expr(value=joined), node)], orelse=[node])
+            return ast.copy_location(branch, node)
 
     Spawns().visit(tree)
     ast.fix_missing_locations(tree)
 
 
-def rank_of_spawned(nprocs: Any) -> int:
-    """This rank's number among the processes the spawn would start; they must be the job's ranks."""
+def spawns_ranks(nprocs: Any) -> bool:
+    """Whether the spawn's processes are the job's ranks (each rank then runs one of them);
+    False for a one-rank job that spawns several, which spawns them as written."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if int(nprocs) != world:
+    if int(nprocs) == world:
+        return True
+    if world > 1:
         raise RuntimeError(
-            f"torch.multiprocessing.spawn(nprocs={nprocs}) in a job of {world} rank(s): each rank of the job "
+            f"torch.multiprocessing.spawn(nprocs={nprocs}) in a job of {world} ranks: each rank of the job "
             f"runs as one of the spawned processes, so submit the job with {nprocs} rank(s) (`singularityctl "
             f"submit --ranks {nprocs}`, `Client.submit(..., ranks={nprocs})`)")
+    warnings.warn(
+        f"torch.multiprocessing.spawn(nprocs={nprocs}) in a one-rank job starts {nprocs} processes the engine "
+        f"does not see: no checkpoint can be taken while they run. If they form a process group, submit the "
+        f"job with {nprocs} ranks (`--ranks {nprocs}`): each rank then runs as one of them", RuntimeWarning,
+        stacklevel=3)
+    return False
+
+
+def rank_of_spawned() -> int:
+    """This rank's number among the spawned processes (`spawns_ranks` said they are the ranks)."""
     return int(os.environ.get("RANK", "0"))
 
 
