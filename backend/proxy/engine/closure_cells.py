@@ -27,8 +27,6 @@ from .analysis import (bound_names, closures_sharing, function_locals, own_scope
 
 #: the local that holds the shared variables (bound once, so closures may share it)
 BOX = "__sg_cells__"  # ends in `__`: a method does not mangle it
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
-_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 _INTROSPECTION = ("locals", "vars", "eval", "exec")
 
 
@@ -135,6 +133,18 @@ class _Boxer(ast.NodeTransformer):
 
     def __init__(self, names: set[str]) -> None:
         self.names = names
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        """``total: int = 0`` of a boxed variable: an attribute target cannot be a simple annotated
+        one, and Python never evaluates a local's annotation, so it becomes a plain assignment
+        (``total: int`` alone, which assigns nothing, becomes ``pass``)."""
+        if not (isinstance(node.target, ast.Name) and node.target.id in self.names):
+            return self.generic_visit(node)
+        if node.value is None:
+            return ast.copy_location(ast.Pass(), node)
+        assign = ast.Assign(targets=[ast.copy_location(_attribute(node.target.id, ast.Store()), node.target)],
+                            value=self.visit(node.value))
+        return ast.copy_location(assign, node)
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
         if node.id in self.names:

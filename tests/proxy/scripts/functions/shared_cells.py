@@ -1,7 +1,8 @@
 """Closures over variables their function rebinds, in the shapes training code has them: an LBFGS
 closure defined in the loop, a generator expression over the loop's batch, hooks that read the
 loop variable late, a nonlocal counter, a parameter the loop rebinds, and names a nested scope
-binds itself. Each function keeps its safe points (its shared variables live in one object)."""
+binds itself, an annotated one. Each function keeps its safe points (its shared variables live in
+one object)."""
 import torch
 
 
@@ -47,7 +48,7 @@ def main():
         total += k
         return total
 
-    shadow = 10
+    shadow: int = 10  # annotated: a boxed variable cannot keep a simple annotated target
     for step in range(6):
         own = (lambda shadow: shadow * 2)(step)  # the lambda's own `shadow`
         squares = [step * step for step in range(3)]  # the comprehension's own `step`
