@@ -214,34 +214,33 @@ def not_rewritable(fdef: ast.AST) -> str:
     return closures_sharing(fdef)
 
 
-def shared_variables(fdef: ast.FunctionDef) -> set[str]:
-    """``fdef``'s variables that a closure reads and ``fdef`` rebinds, or that a nested function
-    rebinds with ``nonlocal`` (those `closures_sharing` names; `closure_cells.box` moves them
-    into one object)."""
-    counts = _binding_counts(fdef)
+def _sharing(fdef: ast.FunctionDef) -> tuple[list[ast.Nonlocal], list[str]]:
+    """The ``nonlocal`` statements of ``fdef``'s nested functions, and the variables a closure
+    reads that ``fdef`` rebinds (sorted)."""
     nested = [n for n in own_scope(fdef) if isinstance(n, _CLOSURES)]
-    names = {name for scope in nested for n in ast.walk(scope) if isinstance(n, ast.Nonlocal) for name in n.names}
+    nonlocals = [n for scope in nested for n in ast.walk(scope) if isinstance(n, ast.Nonlocal)]
+    if not nested and not any(isinstance(n, ast.ClassDef) for n in own_scope(fdef)):
+        return nonlocals, []
+    counts = _binding_counts(fdef)
     captured = _captured_by_closures(fdef)
-    if captured is None:
+    if captured is None:  # no symbol table for it alone: every name a closure mentions
         captured = {n.id for scope in nested for n in ast.walk(scope) if isinstance(n, ast.Name)}
-    return names | {name for name in captured & set(counts) if counts[name] > 1}
+    return nonlocals, sorted(name for name in captured & set(counts) if counts[name] > 1)
+
+
+def shared_variables(fdef: ast.FunctionDef) -> set[str]:
+    """The variables `closures_sharing` speaks of, nested ``nonlocal`` ones included
+    (`closure_cells.box` moves them into one object)."""
+    nonlocals, shared = _sharing(fdef)
+    return {name for n in nonlocals for name in n.names} | set(shared)
 
 
 def closures_sharing(fdef: ast.FunctionDef) -> str:
     """Why closures keep ``fdef``'s frame from being rebuilt (a variable they share that it
     rebinds, or a nested ``nonlocal``), or ''."""
-    counts = _binding_counts(fdef)
-    nested = [n for n in own_scope(fdef) if isinstance(n, _CLOSURES)]
-    for scope in nested:
-        for n in ast.walk(scope):
-            if isinstance(n, ast.Nonlocal):
-                return f"a nested function rebinds `nonlocal {', '.join(n.names)}`"
-    if not nested and not any(isinstance(n, ast.ClassDef) for n in own_scope(fdef)):
-        return ""
-    captured = _captured_by_closures(fdef)
-    if captured is None:  # no symbol table for it alone: every name a closure mentions
-        captured = {n.id for scope in nested for n in ast.walk(scope) if isinstance(n, ast.Name)}
-    shared = sorted(name for name in captured & set(counts) if counts[name] > 1)
+    nonlocals, shared = _sharing(fdef)
+    if nonlocals:
+        return f"a nested function rebinds `nonlocal {', '.join(nonlocals[0].names)}`"
     if shared:
         return f"a closure shares {', '.join(shared)}, which the function rebinds"
     return ""
