@@ -10,7 +10,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -107,10 +107,16 @@ class Handle:
 
 
 # --------------------------------------------------------------------------- stop chains
-def trace_of(launcher: Launcher, target: list[str], tmp: Path, env: Optional[dict[str, str]] = None) -> tuple[Run, list[dict]]:
+def _after(script_args: Sequence[str]) -> list[str]:
+    return ["--", *script_args] if script_args else []
+
+
+def trace_of(launcher: Launcher, target: list[str], tmp: Path, env: Optional[dict[str, str]] = None,
+             script_args: Sequence[str] = ()) -> tuple[Run, list[dict]]:
     """The uninterrupted run (under the engine) and its list of safe points."""
     trace = tmp / "trace.jsonl"
-    run = launcher.run(target + ["--checkpoint-dir", str(tmp / "ck-base"), "--trace", str(trace)], env)
+    run = launcher.run(target + ["--checkpoint-dir", str(tmp / "ck-base"), "--trace", str(trace)]
+                       + _after(script_args), env)
     assert run.rc == 0, run.describe()
     return run, [json.loads(line) for line in trace.read_text().splitlines()]
 
@@ -119,12 +125,13 @@ _UNINTERRUPTED: dict[tuple, tuple[str, list[dict]]] = {}
 
 
 def uninterrupted(launcher: Launcher, key: str, target: list[str], tmp: Path,
-                  check: Optional[Callable[[str], None]] = None) -> tuple[str, list[dict]]:
+                  check: Optional[Callable[[str], None]] = None,
+                  script_args: Sequence[str] = ()) -> tuple[str, list[dict]]:
     """What `trace_of` prints and traces, run once per ``key`` in a test process: the tests that
     stop one program at several seeds' stops share its uninterrupted run (it does not depend on
     where a chain will stop). ``check`` is asked once about the stdout (e.g. against plain python)."""
     if key not in _UNINTERRUPTED:
-        run, trace = trace_of(launcher, target, tmp)
+        run, trace = trace_of(launcher, target, tmp, script_args=script_args)
         if check is not None:
             check(run.stdout)
         _UNINTERRUPTED[key] = (run.stdout, trace)
@@ -149,12 +156,12 @@ def pick_stops(trace: list[dict], seed: int, extra: int) -> list[int]:
 
 
 def run_chain(launcher: Launcher, target: list[str], stops: list[int], ckdir: Path,
-              env: Optional[dict[str, str]] = None) -> tuple[str, list[Run]]:
+              env: Optional[dict[str, str]] = None, script_args: Sequence[str] = ()) -> tuple[str, list[Run]]:
     """Stop at each step of ``stops`` in turn (each run restoring the previous checkpoint)."""
     runs = []
     for i, step in enumerate(stops):
         args = target + ["--checkpoint-dir", str(ckdir), "--stop-at-step", str(step)]
-        run = launcher.run(args + (["--restore"] if i else []), env)
+        run = launcher.run(args + (["--restore"] if i else []) + _after(script_args), env)
         assert run.rc == EXIT_PREEMPTED, f"stop at {step}: {run.describe()}"
         stopped = [d for _, d in run.events("stopped")]
         assert stopped and stopped[0]["step"] == step, run.describe()
@@ -162,7 +169,7 @@ def run_chain(launcher: Launcher, target: list[str], stops: list[int], ckdir: Pa
             restored = [d for _, d in run.events("restore")]
             assert restored and restored[0]["step"] == stops[i - 1], run.describe()
         runs.append(run)
-    final = launcher.run(target + ["--checkpoint-dir", str(ckdir), "--restore"], env)
+    final = launcher.run(target + ["--checkpoint-dir", str(ckdir), "--restore"] + _after(script_args), env)
     assert final.rc == 0, final.describe()
     runs.append(final)
     return "".join(r.stdout for r in runs), runs

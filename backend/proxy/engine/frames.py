@@ -81,13 +81,20 @@ def _callee_matches(program: ProgramView, cid: int, caller: types.FrameType, cal
             fn = getattr(callee.f_locals[code.co_varnames[0]], info.method)
         else:
             fn = eval(info.callee, caller.f_globals, caller.f_locals)  # a name or an attribute chain (see rewrite)
+        runs = (eval(info.runs, caller.f_globals, caller.f_locals),) if info.runs else ()
     except Exception:
         return False
-    if library_wrappers.is_click_command(fn) and not info.bare:
+    if library_wrappers.is_command(fn) and not info.bare:
         return False  # called again, a command gets no arguments (`library_wrappers`)
-    func, _ = function_of(library_wrappers.target(fn))
-    func = library_wrappers.unwrap(func)  # `@record` on it: the call reaches it through the wrapper
-    return func is not None and func.__code__ is callee.f_code
+    return callee.f_code in reached_codes(fn, runs)
+
+
+def reached_codes(fn: Any, runs: tuple = ()) -> list[types.CodeType]:
+    """The code of the program's function a call of ``fn`` arrives in: through ``@record`` (its
+    wrapper is called again), a command's callbacks, a runner's argument (`library_wrappers`)."""
+    targets = library_wrappers.entry_targets(fn, runs)
+    funcs = (library_wrappers.unwrap(function_of(t)[0]) for t in (targets if targets is not None else [fn]))
+    return [f.__code__ for f in funcs if f is not None]
 
 
 def user_chain(program: ProgramView, stack: list, start: Optional[types.FrameType],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import linecache
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from . import analysis, libraries
 
@@ -77,20 +77,34 @@ def _top_level_calls(tree: ast.AST, names: set[str]) -> dict[str, list[int]]:
     return found
 
 
+def _handed(call: ast.Call) -> Iterator[ast.Name]:
+    """The names a call passes, also inside literal containers (``fire.Fire({"train": train})``)."""
+    todo = [*call.args, *(k.value for k in call.keywords)]
+    while todo:
+        arg = todo.pop(0)
+        if isinstance(arg, ast.Name):
+            yield arg
+        elif isinstance(arg, (ast.List, ast.Tuple, ast.Set)):
+            todo += arg.elts
+        elif isinstance(arg, ast.Dict):
+            todo += arg.values
+
+
 def _handed_to_libraries(tree: ast.AST, nodes: list) -> dict[str, str]:
-    """Functions of the program that a library call receives (``fire.Fire(main)``,
-    ``threading.Thread(target=train)``, ``mp.spawn(fn, join=False)``) and that no call site of the
+    """Functions of the program that a library call receives (``threading.Thread(target=train)``,
+    ``mp.spawn(fn, join=False)``, ``fire.Fire({"train": train})``) and that no call site of the
     program calls: name -> ``the call (line N)``. Their loops are tracked, but the library's frames
     stand between them and the top level, so no safe point in them is usable."""
-    called = {n.callee.rpartition(".")[2] for n in nodes if n.kind == "call" and n.callee} | \
-        {n.method for n in nodes if n.kind == "call" and n.method}
+    calls = [n for n in nodes if n.kind == "call"]
+    called = {n.callee.rpartition(".")[2] for n in calls if n.callee} | {n.method for n in calls if n.method} | \
+        {n.runs for n in calls if n.runs}  # `fire.Fire(main)`: a restore calls it again (`library_wrappers`)
     library = analysis.library_roots(tree)
     out: dict[str, str] = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or analysis.callee_root(node.func) not in library:
             continue
-        for arg in [*node.args, *(k.value for k in node.keywords)]:
-            if isinstance(arg, ast.Name) and arg.id not in called and arg.id not in library:
+        for arg in _handed(node):
+            if arg.id not in called and arg.id not in library:
                 out.setdefault(arg.id, f"{ast.unparse(node.func)}() at line {node.lineno}")
     return out
 

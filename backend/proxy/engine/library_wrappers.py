@@ -11,33 +11,45 @@ A wrapper listed here is transparent: it sets up what depends on nothing of the 
 calls the wrapper again, with the placeholder arguments `Runtime.reenter` passes, and arrives in
 the program's function.
 
-A ``click`` command (``@click.command()`` with ``@click.option`` decorators on ``main``, called as
-``main()``) is the other case: click's frames stand between the call and ``main``, and a restore
-calls the command again exactly as the call site did (no arguments: click parses the job's
-``sys.argv``, which the checkpoint carries, and calls ``main`` with the same values, which the
-restore then replaces by the saved locals). Only a call without arguments counts
-(`NodeInfo.bare`): ``main(standalone_mode=False)`` would be called again without them.
+Command-line libraries are the other case: their frames stand between the top level and
+``main``, and a restore calls the entry point again exactly as the call site did, so the library
+parses the job's ``sys.argv`` (which the checkpoint carries) and calls ``main`` with the same
+values, which the restore then replaces by the saved locals:
+
+- a command object called with no arguments (`NodeInfo.bare`): a ``click`` command or group
+  (``@click.command()`` with ``@click.option`` decorators on ``main``, called as ``main()``), a
+  ``typer.Typer()`` app (``app()``); ``main(standalone_mode=False)`` would be called again without
+  its arguments, so it does not count;
+- a runner handed the program's function (`NodeInfo.runs`): ``fire.Fire(main)``,
+  ``typer.run(main)``, with arguments a restore may evaluate again (`analysis.is_pure`).
 
 Not listed, so still unusable below: decorators that switch a mode and put back, on return, the
 mode they found (``@torch.no_grad()``, ``@torch.autocast``): a restore cannot know the mode of
 the caller they would put back, since no frame of the program records it (a ``with`` statement
 of the program does, `scoped_modes`); ``contextlib``'s decorators run the program's own
-``__enter__`` again; ``hydra.main`` parses the command line and makes a new output folder.
+``__enter__`` again; ``hydra.main`` parses the command line and makes a new output folder;
+``fire.Fire()`` without a component reads its caller's names, which a restore's caller is not.
 """
 from __future__ import annotations
 
 import types
 from typing import Any, Optional
 
-#: (file suffix, qualified name) of the wrapper functions' code
-_KNOWN = (
-    ("torch/distributed/elastic/multiprocessing/errors/__init__.py", "record.<locals>.wrap.<locals>.wrapper"),
-    ("click/decorators.py", "pass_context.<locals>.new_func"),
-    ("click/decorators.py", "pass_obj.<locals>.new_func"),
+#: (file suffix, qualified names) of the wrapper functions' code
+_CLICK_CORE = ("Command.__call__", "BaseCommand.__call__", "Command.main", "BaseCommand.main", "Command.invoke",
+               "Context.invoke", "Group.invoke", "MultiCommand.invoke")
+_KNOWN: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("torch/distributed/elastic/multiprocessing/errors/__init__.py", ("record.<locals>.wrap.<locals>.wrapper",)),
+    ("click/decorators.py", ("pass_context.<locals>.new_func", "pass_obj.<locals>.new_func")),
+    ("click/core.py", _CLICK_CORE),
+    ("typer/_click/core.py", _CLICK_CORE),  # typer ≥ 0.16 carries its own copy of click
+    ("typer/_click/decorators.py", ("pass_context.<locals>.new_func", "pass_obj.<locals>.new_func")),
+    ("typer/core.py", ("TyperCommand.main", "TyperGroup.main", "_main", "TyperGroup.invoke")),
+    ("typer/main.py", ("Typer.__call__", "run", "get_callback.<locals>.wrapper")),
+    ("fire/core.py", ("Fire", "_Fire", "_CallAndUpdateTrace")),
 )
-#: the frames of a click command's call, down to its callback (`is_wrapper_code`)
-_CLICK_CALL = ("Command.__call__", "BaseCommand.__call__", "Command.main", "BaseCommand.main", "Command.invoke",
-               "Context.invoke")
+#: callee expressions of the runners (`rewrite`); the object itself is checked (`_is_runner`)
+RUNNER_CALLEES = frozenset({"fire.Fire", "Fire", "typer.run"})
 
 
 def _path(code: types.CodeType) -> str:
@@ -45,19 +57,55 @@ def _path(code: types.CodeType) -> str:
 
 
 def is_wrapper_code(code: types.CodeType) -> bool:
-    name = code.co_qualname
-    if name in _CLICK_CALL and _path(code).endswith("click/core.py"):
-        return True
-    return any(name == qualname and _path(code).endswith(suffix) for suffix, qualname in _KNOWN)
+    name, path = code.co_qualname, _path(code)
+    return any(name in names and path.endswith(suffix) for suffix, names in _KNOWN)
 
 
-def is_click_command(obj: Any) -> bool:
-    return any(c.__name__ in ("Command", "BaseCommand") and c.__module__ == "click.core" for c in type(obj).__mro__)
+def _is_click_command(obj: Any) -> bool:
+    return any(c.__name__ in ("Command", "BaseCommand") and c.__module__ in ("click.core", "typer._click.core")
+               for c in type(obj).__mro__)
 
 
-def target(fn: Any) -> Any:
-    """What calling ``fn`` runs of the program: a click command's callback, else ``fn``."""
-    return fn.callback if is_click_command(fn) else fn
+def _is_typer_app(obj: Any) -> bool:
+    return any(c.__name__ == "Typer" and c.__module__ == "typer.main" for c in type(obj).__mro__)
+
+
+def is_command(obj: Any) -> bool:
+    """A click command or group, or a typer app: called again only as ``main()`` (`NodeInfo.bare`)."""
+    return _is_click_command(obj) or _is_typer_app(obj)
+
+
+def _is_runner(obj: Any) -> bool:
+    module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    return (module, name) in (("fire.core", "Fire"), ("typer.main", "run"))
+
+
+def _callbacks(obj: Any) -> list[Any]:
+    """The program's functions a command may call: its callback and, for a group or an app, those
+    of its subcommands (which one runs is the command line's choice)."""
+    out: list[Any] = []
+    if _is_typer_app(obj):
+        infos = [*obj.registered_commands, obj.registered_callback,
+                 *(g.typer_instance.registered_callback for g in obj.registered_groups)]
+        out += [info.callback for info in infos if info is not None and info.callback is not None]
+        for group in obj.registered_groups:
+            out += _callbacks(group.typer_instance)
+        return out
+    if getattr(obj, "callback", None) is not None:
+        out.append(obj.callback)
+    for sub in (getattr(obj, "commands", None) or {}).values():
+        out += _callbacks(sub)
+    return out
+
+
+def entry_targets(fn: Any, args: tuple = ()) -> Optional[list[Any]]:
+    """What a call of ``fn`` with ``args`` may run of the program when ``fn`` is a command-line
+    entry point (a command, or a runner given the function first); None for any other callable."""
+    if is_command(fn):
+        return _callbacks(fn)
+    if _is_runner(fn):
+        return list(args[:1])
+    return None
 
 
 def unwrap(func: Optional[types.FunctionType]) -> Optional[types.FunctionType]:

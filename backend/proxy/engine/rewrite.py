@@ -32,7 +32,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import closure_cells, generator_rewrite, spawned
+from . import closure_cells, generator_rewrite, library_wrappers, spawned
 from .analysis import (bound_names, callee_root, closures_sharing, declared_global, function_locals,
                        has_dynamic_parts, is_generator, is_pure, is_simple_binding, library_roots, loaded_names,
                        method_of_temporary, not_rewritable, parameters, statement_reads)
@@ -41,7 +41,7 @@ from .library_patches import imported_names
 #: the runtime's name in generated code; it ends in ``__`` so that methods do not mangle it
 RT = "__sg_rt__"
 PREFIX = "__sg_"
-REWRITE_VERSION = 2
+REWRITE_VERSION = 3  # bumped whenever generated code or node numbering changes: old checkpoints are refused
 #: a constant in each rewritten function's code naming its function id (see `DefInfo`)
 MARKER = "\x00sg-def:"
 #: statements whose value may be a call a restore re-enters
@@ -77,6 +77,8 @@ class NodeInfo:
     method: str = ""
     #: for a call: whether it passes no arguments (``main()``; `library_wrappers`: a click command)
     bare: bool = False
+    #: for a runner's call (``fire.Fire(main)``, `library_wrappers`): its first argument's source
+    runs: str = ""
 
 
 @dataclass(frozen=True)
@@ -311,6 +313,14 @@ class _Rewriter:
         self._calls[key] = found
         return found
 
+    def _runner(self, call: ast.Call) -> bool:
+        """``fire.Fire(main)``, ``typer.run(main)``: a library call that a restore makes again with
+        the same arguments (`library_wrappers`), so they must evaluate again to the same objects."""
+        return (ast.unparse(call.func) in library_wrappers.RUNNER_CALLEES and bool(call.args)
+                and isinstance(call.args[0], ast.Name) and not any(isinstance(a, ast.Starred) for a in call.args)
+                and all(k.arg is not None for k in call.keywords)
+                and all(is_pure(a, self.unstable) for a in [*call.args, *(k.value for k in call.keywords)]))
+
     def _path_calls(self, e: ast.expr, out: list[ast.Call]) -> None:
         assert self.library is not None
         parts: list[ast.expr]
@@ -320,7 +330,7 @@ class _Rewriter:
                 if method_of_temporary(e.func):
                     out.append(e)
                 return
-            if root not in self.library:
+            if root not in self.library or self._runner(e):
                 out.append(e)
             through = isinstance(e.func, ast.Name) or (
                 isinstance(e.func, ast.Attribute) and isinstance(e.func.value, ast.Name))
@@ -355,6 +365,13 @@ class _Rewriter:
                     assert isinstance(original.func, ast.Attribute)
                     info = rewriter._new("call", original, method=original.func.attr)
                     reenter = _rt_call("reenter_method", _const(info.id), _const(info.method))
+                elif rewriter._runner(original):  # `fire.Fire(main)`: called again with its arguments
+                    first = original.args[0]
+                    assert isinstance(first, ast.Name)
+                    info = rewriter._new("call", original, callee=ast.unparse(original.func), runs=first.id)
+                    reenter = _rt_call("reenter", _const(info.id), copy.deepcopy(original.func),
+                                       *copy.deepcopy(original.args))
+                    reenter.keywords = copy.deepcopy(original.keywords)
                 else:
                     info = rewriter._new("call", original, callee=ast.unparse(original.func),
                                          bare=not original.args and not original.keywords)

@@ -25,7 +25,7 @@ from . import (closure_cells, frames, held_managers, iterators, library_wrappers
 from ..checkpoint.errors import CheckpointError, Preempted
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
 from .ports import ControllerView, ProgramView
-from .rewrite import RT
+from .rewrite import MARKER, RT
 
 _get_ident = threading.get_ident
 
@@ -135,20 +135,23 @@ class Runtime:
         return self._restored_locals or {}
 
     # ------------------------------------------------------------------ re-entering user functions
-    def reenter(self, node: int, fn: Any) -> Any:
+    def reenter(self, node: int, fn: Any, *runs: Any, **options: Any) -> Any:
         """Call the function a checkpointed frame was running, as the call site ``node`` did, but
-        with placeholder arguments: its prologue (`arrive`) loads the saved locals instead."""
+        with placeholder arguments: its prologue (`arrive`) loads the saved locals instead. A
+        command-line entry point (`library_wrappers`: ``main()`` of a click command, ``fire.Fire(main)``)
+        is called with the call site's own arguments (``runs``, ``options``): it parses the job's
+        ``sys.argv`` again and calls the function, which then arrives."""
         rec, _ = self._take(node)
-        func, bound = frames.function_of(library_wrappers.target(fn))
-        inner = library_wrappers.unwrap(func)  # called through `@record`: the wrapper again
-        if inner is None or self.program.fid_of(inner.__code__) != rec["function"]:
+        if not any(self.program.fid_of(code) == rec["function"] for code in frames.reached_codes(fn, runs)):
             raise CheckpointError(
                 f"restore re-entered the call at line {rec['line']}, but it now calls {fn!r}, not the "
                 f"function {self.program.defs[rec['function']].name}() the checkpoint was taken in")
         self._arriving = rec
-        if library_wrappers.is_click_command(fn):
-            return fn()  # as the call site did: click parses sys.argv and calls the callback
-        code = inner.__code__
+        if library_wrappers.entry_targets(fn, runs) is not None:
+            return fn(*runs, **options)
+        func, bound = frames.function_of(fn)
+        assert func is not None
+        code = library_wrappers.unwrap(func).__code__  # type: ignore[union-attr]
         positional = [None] * (code.co_argcount - len(bound))
         keywords = {k: None for k in code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]}
         return func(*bound, *positional, **keywords)
@@ -170,7 +173,7 @@ class Runtime:
         re-enters (its locals are loaded next); for any other call (a ``with`` header, an iterator
         re-created on restore) the restore pauses until it returns, and a token is returned."""
         rec = self._arriving
-        if rec is not None:
+        if rec is not None and marker == f"{MARKER}{rec['function']}":
             self._arriving = None
             self._frame_locals = rec["locals"]
             self._saved_scope = rec["locals"]
