@@ -15,7 +15,7 @@ import pytest
 
 from backend.proxy import CheckpointStore, Controller, Preempted, ResumableProgram
 from backend.proxy.engine.analysis import not_rewritable
-from harness import PYTHON, ROOT, SCRIPTS, pick_stops, run_chain, uninterrupted
+from harness import PYTHON, ROOT, SCRIPTS, pick_stops, run_chain, trace_of, uninterrupted
 
 FUNCTIONS = SCRIPTS / "functions"
 
@@ -107,6 +107,35 @@ def test_command_line_libraries_as_the_entry_point_have_usable_safe_points(launc
     site did, and the library parses the carried ``sys.argv`` into the same call."""
     trace, _ = _check(launcher, script, tmp_path, seed=17, extra=4, script_args=args)
     assert {("main",), ("main", "fit")} <= _functions(trace), _functions(trace)
+
+
+@pytest.mark.parametrize("seed", [19, 20])
+def test_a_hydra_main_resumes_in_its_one_output_folder_with_hydras_state(launcher, tmp_path, seed):
+    """``@hydra.main``: stopped and restored at random stops, the job prints what ``python
+    hydra_main.py`` prints, and its output folder holds the same model, weights, hydra config and
+    log file as the plain run's: one folder (a restore does not run hydra's setup again, which
+    would make another), ``HydraConfig.get()`` and ``${hydra:...}`` answer after a restore, the
+    job goes on in the folder hydra changed to, and the log handlers keep writing to its file."""
+    script = str(FUNCTIONS / "hydra_main.py")
+    args = ("epochs=6", "lr=0.04")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_OUT": str(tmp_path / "plain")}
+    plain = subprocess.run([PYTHON, script, *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    run, trace = trace_of(launcher, [script], tmp_path, env={"HYDRA_OUT": str(tmp_path / "base")}, script_args=args)
+    assert run.stdout == plain.stdout
+    stops = pick_stops(trace, seed, extra=4)
+    assert sum(1 for s in stops if "main" in next(t for t in trace if t["step"] == s).get("functions", ())) >= 3
+    out, _ = run_chain(launcher, [script], stops, tmp_path / "ck", env={"HYDRA_OUT": str(tmp_path / "chain")},
+                       script_args=args)
+    assert out == plain.stdout, f"stops {stops}"
+
+    def folder(name: str) -> dict[str, bytes]:
+        root = tmp_path / name
+        files = {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+        return {k: v.replace(str(root).encode(), b"OUT") for k, v in files.items()}
+
+    assert folder("chain") == folder("plain"), f"stops {stops}"
+    assert {p.name for p in tmp_path.iterdir()} >= {"plain", "chain"}
 
 
 def test_a_click_command_called_with_arguments_keeps_its_loops_unusable(tmp_path):

@@ -23,12 +23,16 @@ values, which the restore then replaces by the saved locals:
 - a runner handed the program's function (`NodeInfo.runs`): ``fire.Fire(main)``,
   ``typer.run(main)``, with arguments a restore may evaluate again (`analysis.is_pure`).
 
+``@hydra.main`` on ``main(cfg)``, called as ``main()``, is a wrapper of the first kind whose setup
+must not run twice (it would make a new output folder named by the time of the restore): a
+restore calls it with a config passed through (`placeholder`), and hydra_state.py carries what
+the setup left.
+
 Not listed, so still unusable below: decorators that switch a mode and put back, on return, the
 mode they found (``@torch.no_grad()``, ``@torch.autocast``): a restore cannot know the mode of
 the caller they would put back, since no frame of the program records it (a ``with`` statement
 of the program does, `scoped_modes`); ``contextlib``'s decorators run the program's own
-``__enter__`` again; ``hydra.main`` parses the command line and makes a new output folder;
-``fire.Fire()`` without a component reads its caller's names, which a restore's caller is not.
+``__enter__`` again; ``fire.Fire()`` without a component reads its caller's names, which a restore's caller is not.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from typing import Any, Optional
 #: (file suffix, qualified names) of the wrapper functions' code
 _CLICK_CORE = ("Command.__call__", "BaseCommand.__call__", "Command.main", "BaseCommand.main", "Command.invoke",
                "Context.invoke", "Group.invoke", "MultiCommand.invoke")
+_HYDRA_MAIN = ("hydra/main.py", "main.<locals>.main_decorator.<locals>.decorated_main")
 _KNOWN: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("torch/distributed/elastic/multiprocessing/errors/__init__.py", ("record.<locals>.wrap.<locals>.wrapper",)),
     ("click/decorators.py", ("pass_context.<locals>.new_func", "pass_obj.<locals>.new_func")),
@@ -47,6 +52,11 @@ _KNOWN: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("typer/core.py", ("TyperCommand.main", "TyperGroup.main", "_main", "TyperGroup.invoke")),
     ("typer/main.py", ("Typer.__call__", "run", "get_callback.<locals>.wrapper")),
     ("fire/core.py", ("Fire", "_Fire", "_CallAndUpdateTrace")),
+    # @hydra.main: called again with a config passed through, it calls main at once (`placeholder`)
+    (_HYDRA_MAIN[0], (_HYDRA_MAIN[1],)),
+    ("hydra/_internal/utils.py", ("_run_hydra", "_run_app", "_run_app.<locals>.<lambda>", "run_and_report")),
+    ("hydra/_internal/hydra.py", ("Hydra.run",)),
+    ("hydra/core/utils.py", ("run_job",)),
 )
 #: callee expressions of the runners (`rewrite`); the object itself is checked (`_is_runner`)
 RUNNER_CALLEES = frozenset({"fire.Fire", "Fire", "typer.run"})
@@ -106,6 +116,21 @@ def entry_targets(fn: Any, args: tuple = ()) -> Optional[list[Any]]:
     if _is_runner(fn):
         return list(args[:1])
     return None
+
+
+def placeholder(func: types.FunctionType) -> Any:
+    """The value `Runtime.reenter` passes for each of the program function's parameters when it
+    calls ``func`` (its arrival loads the saved ones instead). None, except for ``@hydra.main``'s
+    wrapper: given a config (``cfg_passthrough``), it calls ``main`` at once instead of parsing
+    the command line, making a new output folder and configuring logging again (what that setup
+    left in the process is carried: hydra_state.py, process_settings.py, context.py)."""
+    code = func.__code__
+    if code.co_qualname == _HYDRA_MAIN[1] and _path(code).endswith(_HYDRA_MAIN[0]):
+        return _REENTERED
+    return None
+
+
+_REENTERED = "re-entered by a restore"
 
 
 def unwrap(func: Optional[types.FunctionType]) -> Optional[types.FunctionType]:

@@ -13,7 +13,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import (caches, closure_cells, context, exit_handlers, handles, imported_submodules, libraries,
+from . import (caches, closure_cells, context, exit_handlers, handles, hydra_state, imported_submodules, libraries,
                library_patches, module_state, ownership, process_settings, scoped_modes, training_state, type_memos)
 from ..checkpoint.errors import CheckpointError, Preempted
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
@@ -273,6 +273,7 @@ class ResumableProgram:
             graph = load_graph(restore, controller.rank, globals_, self.identity, self._code)
             context.restore(graph.get("context"))  # before rebuilds: they may read relative paths
             process_settings.apply(graph.get("process"))  # the settings the skipped statements made
+            hydra_state.apply(graph.get("hydra"))  # what @hydra.main set up before main(cfg)
             scoped_modes.apply_outer(graph.get("modes"))  # grad mode, decimal context outside the with statements
             module_state.apply(graph.get("modules"))  # config.lr = args.lr, counters in helper modules
             imported_submodules.apply(graph.get("submodules"))  # import xml.sax.saxutils: xml.sax is set

@@ -152,8 +152,9 @@ class Runtime:
         func, bound = frames.function_of(fn)
         assert func is not None
         code = library_wrappers.unwrap(func).__code__  # type: ignore[union-attr]
-        positional = [None] * (code.co_argcount - len(bound))
-        keywords = {k: None for k in code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]}
+        value = library_wrappers.placeholder(func)
+        positional = [value] * (code.co_argcount - len(bound))
+        keywords = {k: value for k in code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]}
         return func(*bound, *positional, **keywords)
 
     def reenter_method(self, node: int, method: str) -> Any:

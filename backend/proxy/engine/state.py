@@ -55,8 +55,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import cloudpickle
 
 from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
-               exit_handlers, finalizers, getattr_classes, handles, held_managers, imported_submodules, iterators,
-               lazy, libraries, library_patches, module_state, open_files, ownership, process_settings, rng,
+               exit_handlers, finalizers, getattr_classes, handles, held_managers, hydra_state, imported_submodules,
+               iterators, lazy, libraries, library_patches, module_state, open_files, ownership, process_settings, rng,
                resumable_generators, scoped_modes, sentinels, set_layouts, training_state, type_memos)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
@@ -941,6 +941,7 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         "import_path": context.import_path(),  # before anything pickled by reference: its module may need it
         # default dtype, print options, logging...: put back on restore
         "process": process_settings.capture(probe_setting, _redirected_streams(rt)),
+        "hydra": hydra_state.capture(),  # HydraConfig.get(): @hydra.main's setup is not run again
         # grad mode, decimal context: outside the with statements a restore enters again, and inside
         "modes": scoped_modes.capture([f for f in rt.stack if getattr(f, "kind", None) == "with"]),
         "position": position,
