@@ -90,6 +90,15 @@ def test_a_main_under_torchruns_record_decorator_has_usable_safe_points(launcher
     assert {("main",), ("main", "fit")} <= _functions(trace)
 
 
+@pytest.mark.parametrize("seed", [21, 22, 23])
+def test_loops_under_grad_mode_decorators_resume_with_the_callers_mode_put_back(launcher, tmp_path, seed):
+    """``@torch.no_grad()`` on ``evaluate``, ``@torch.inference_mode()``, ``@torch.enable_grad()``
+    after a plain ``set_grad_enabled(False)``: their loops are safe points (they were not), and
+    after a restore inside one, the decorator puts back on return the mode its caller had."""
+    trace, _ = _check(launcher, "grad_decorators.py", tmp_path, seed, extra=6)
+    assert {("main", "evaluate"), ("main", "predict"), ("main", "finetune")} <= _functions(trace)
+
+
 @pytest.mark.parametrize("seed", [15, 16])
 def test_a_click_command_as_main_has_usable_safe_points(launcher, tmp_path, seed):
     trace, _ = _check(launcher, "click_main.py", tmp_path, seed, extra=4)
@@ -151,12 +160,12 @@ def test_a_click_command_called_with_arguments_keeps_its_loops_unusable(tmp_path
 
 
 def test_a_request_that_meets_only_a_decorators_safe_points_says_why_when_it_gives_up(tmp_path):
-    """``@torch.no_grad()`` on the function with the loop: a restore could not call the wrapper
-    again (it would put back the grad mode it found), so the request waits, and its timeout
-    answer says which wrapper and what to write instead, not only where the job was."""
+    """``@torch.autocast("cpu")`` on the function with the loop: a restore could not call the
+    wrapper again (it would put back the autocast state it found), so the request waits, and its
+    timeout answer says which wrapper and what to write instead, not only where the job was."""
     import torch  # noqa: F401  (imported before the program runs: the request must find it in its loop)
 
-    src = ("import time, torch\n@torch.no_grad()\ndef main():\n    for step in range(60):\n"
+    src = ("import time, torch\n@torch.autocast('cpu')\ndef main():\n    for step in range(60):\n"
            "        time.sleep(0.05)\nmain()\n")
     events: list = []
     ctl = Controller(CheckpointStore(tmp_path / "ck"), on_event=lambda kind, data: events.append((kind, data)))
@@ -165,7 +174,7 @@ def test_a_request_that_meets_only_a_decorators_safe_points_says_why_when_it_giv
     assert preempted is None
     errors = [data["error"] for kind, data in events if kind == "checkpoint_failed"]
     assert len(errors) == 1 and "a decorator's wrapper of main()" in errors[0], errors
-    assert "with torch.no_grad():` block instead" in errors[0] and "in main" in errors[0], errors
+    assert "a `with` block of that context manager instead" in errors[0] and "in main" in errors[0], errors
 
 
 @pytest.mark.parametrize("src,usable", [

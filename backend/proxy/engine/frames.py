@@ -17,7 +17,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from . import library_wrappers
+from . import grad_decorators, library_wrappers
 from .ports import ProgramView
 
 _positions: dict[types.CodeType, list] = {}
@@ -31,6 +31,8 @@ class UserFrame:
     frame: types.FrameType
     entries: list  # the runtime's stack entries (loops, branches, blocks) of this frame
     call: Optional[int] = None
+    #: the caller's grad mode, where a ``@torch.no_grad()`` stands between it and this frame (`grad_decorators`)
+    grad_before: Optional[bool] = None
 
 
 def function_of(fn: Any) -> tuple[Optional[types.FunctionType], tuple]:
@@ -53,7 +55,7 @@ def _between(library: types.FrameType, below: Optional[types.FrameType]) -> str:
                                         for v in library.f_locals.values())
     if wrapped:
         why += (f": a decorator's wrapper of {below.f_code.co_name}(), which a restore cannot call again "
-                f"(for `@torch.no_grad()` and the like, put the loop in a `with torch.no_grad():` block instead)")
+                f"(for `@torch.autocast(...)` and the like, put the loop in a `with` block of that context manager instead)")
     return why
 
 
@@ -113,12 +115,16 @@ def user_chain(program: ProgramView, stack: list, start: Optional[types.FrameTyp
         fid = program.fid_of(f.f_code)
         if fid is None:
             return _between(f, chain[-1].frame if chain else None)
-        chain.append(UserFrame(fid, f, []))
+        user = UserFrame(fid, f, [])
+        chain.append(user)
         if fid == 0:
             break
         caller = f.f_back
         while caller is not None and (caller.f_code in transparent
                                       or library_wrappers.is_wrapper_code(caller.f_code)):
+            mode = grad_decorators.caller_mode(caller)
+            if mode is not None:
+                user.grad_before = mode  # the outermost of stacked decorators is seen last
             caller = caller.f_back
         f = caller
     else:

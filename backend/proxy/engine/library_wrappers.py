@@ -28,16 +28,22 @@ must not run twice (it would make a new output folder named by the time of the r
 restore calls it with a config passed through (`placeholder`), and hydra_state.py carries what
 the setup left.
 
-Not listed, so still unusable below: decorators that switch a mode and put back, on return, the
-mode they found (``@torch.no_grad()``, ``@torch.autocast``): a restore cannot know the mode of
-the caller they would put back, since no frame of the program records it (a ``with`` statement
-of the program does, `scoped_modes`); ``contextlib``'s decorators run the program's own
-``__enter__`` again; ``fire.Fire()`` without a component reads its caller's names, which a restore's caller is not.
+The program's ``@torch.no_grad()`` (and the other grad-mode decorators) are grad_decorators.py's
+wrappers, which record the caller's mode they put back on return; a restore sets it before it
+calls them again.
+
+Not listed, so still unusable below: other decorators that switch a mode and put back, on
+return, the mode they found (``@torch.autocast``): a restore cannot know the caller's mode they
+would put back, since no frame records it (a ``with`` statement of the program does,
+`scoped_modes`); ``contextlib``'s decorators run the program's own ``__enter__`` again;
+``fire.Fire()`` without a component reads its caller's names, which a restore's caller is not.
 """
 from __future__ import annotations
 
 import types
 from typing import Any, Optional
+
+from . import grad_decorators
 
 #: (file suffix, qualified names) of the wrapper functions' code
 _CLICK_CORE = ("Command.__call__", "BaseCommand.__call__", "Command.main", "BaseCommand.main", "Command.invoke",
@@ -67,6 +73,8 @@ def _path(code: types.CodeType) -> str:
 
 
 def is_wrapper_code(code: types.CodeType) -> bool:
+    if grad_decorators.is_wrapper_code(code):
+        return True
     name, path = code.co_qualname, _path(code)
     return any(name in names and path.endswith(suffix) for suffix, names in _KNOWN)
 
@@ -95,8 +103,7 @@ def _callbacks(obj: Any) -> list[Any]:
     of its subcommands (which one runs is the command line's choice)."""
     out: list[Any] = []
     if _is_typer_app(obj):
-        infos = [*obj.registered_commands, obj.registered_callback,
-                 *(g.typer_instance.registered_callback for g in obj.registered_groups)]
+        infos = [*obj.registered_commands, obj.registered_callback]
         out += [info.callback for info in infos if info is not None and info.callback is not None]
         for group in obj.registered_groups:
             out += _callbacks(group.typer_instance)

@@ -13,8 +13,9 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import (caches, closure_cells, context, exit_handlers, handles, hydra_state, imported_submodules, libraries,
-               library_patches, module_state, ownership, process_settings, scoped_modes, training_state, type_memos)
+from . import (caches, closure_cells, context, exit_handlers, grad_decorators, handles, hydra_state,
+               imported_submodules, libraries, library_patches, module_state, ownership, process_settings,
+               scoped_modes, training_state, type_memos)
 from ..checkpoint.errors import CheckpointError, Preempted
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
@@ -256,6 +257,7 @@ class ResumableProgram:
         install_dormant()
         libraries.install(folder=self._folder())  # before the checkpoint loads: it may import a library trainer
         training_state.install()  # DataLoader iterators made from now on can be checkpointed
+        grad_decorators.install()  # @torch.no_grad() on the program's functions records the caller's mode
         handles.install()  # and csv writers
         rt = Runtime(self, namespace, controller)
         if self.kind == "callable":

@@ -37,13 +37,19 @@ def current() -> tuple[Optional[bool], Any]:
             decimal.getcontext() if decimal is not None else None)
 
 
-def capture(withs: Sequence[Any]) -> dict[str, tuple[Any, Any]]:
+def capture(withs: Sequence[Any], chain: Sequence[Any] = ()) -> dict[str, tuple[Any, Any]]:
     """name -> (outer, inner) for the modes of the loaded libraries; ``withs``: the frames of the
-    with statements around the safe point, outermost first. The decimal context is kept as the
+    with statements around the safe point, outermost first; ``chain``: the program's frames down
+    to it (`frames.UserFrame`), whose ``grad_before`` is the caller's grad mode where a
+    ``@torch.no_grad()`` wrapper stands above one (grad_decorators.py): outside it, when it is
+    outside every with statement. The decimal context is kept as the
     object itself: the one a ``localcontext()`` puts back at its end, which the program may have
     changed since, and the one a variable (``ctx = decimal.getcontext()``) may hold."""
     now = current()
     before = withs[0].modes_before if withs else now
+    decorated = _decorated_grad(chain)
+    if decorated is not None:
+        before = (decorated, before[1])
     out: dict[str, tuple[Any, Any]] = {}
     for index, name in enumerate(("grad", "decimal")):
         if now[index] is not None:
@@ -52,6 +58,17 @@ def capture(withs: Sequence[Any]) -> dict[str, tuple[Any, Any]]:
     if switched:
         out["settings"] = (switched[0], settings_now())
     return out
+
+
+def _decorated_grad(chain: Sequence[Any]) -> Optional[bool]:
+    """The caller's grad mode of the outermost grad-mode decorator on the way to the safe point,
+    when no with statement is outside it (else None: the with statements' rule holds)."""
+    for user in chain:
+        if user.grad_before is not None:  # the wrapper stands between the previous frame and this one
+            return user.grad_before
+        if any(getattr(entry, "kind", None) == "with" for entry in user.entries):
+            return None
+    return None
 
 
 def settings_now() -> dict[str, Any]:
