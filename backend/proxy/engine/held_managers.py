@@ -10,6 +10,11 @@ restore continues the with statement with them, without entering it again; its `
 once, when the block really ends. The header expression is still evaluated at restore (its
 result is dropped). A ``@contextmanager`` function of the job (a suspended generator, which does
 not pickle) is refused instead (state.py).
+
+A ``contextlib.ExitStack`` is held the same way (``with ExitStack() as stack:`` then
+``log = stack.enter_context(open(...))`` in the block): entered again, it would be empty, and
+what the block pushed on it would never be closed or called. The saved stack keeps its callbacks,
+bound to the restored objects (the file ``log`` names is the one it closes at the end).
 """
 from __future__ import annotations
 
@@ -19,8 +24,11 @@ from typing import Any, Optional
 from . import ownership
 
 
-def is_own_class_manager(manager: Any) -> bool:
-    """Whether ``manager``'s ``__enter__`` or ``__exit__`` is the program's code (not a ``@contextmanager``)."""
+def is_held(manager: Any) -> bool:
+    """Whether a with statement holds ``manager`` across stops: an ``ExitStack``, or a manager
+    whose ``__enter__`` or ``__exit__`` is the program's code (not a ``@contextmanager``)."""
+    if isinstance(manager, contextlib.ExitStack):
+        return True
     if isinstance(manager, contextlib._GeneratorContextManager):
         return False
     cls = type(manager)

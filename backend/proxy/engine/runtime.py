@@ -282,7 +282,7 @@ class Runtime:
             return manager
         index = len(frame.managers)
         frame.managers.append(manager)
-        if held_managers.is_own_class_manager(manager):  # the job's own: held across stops
+        if held_managers.is_held(manager):  # the job's own, an ExitStack: held across stops
             held = frame.saved_held[index] if self.restoring and index < len(frame.saved_held) else None
             if held is None:
                 held = held_managers.HeldManager(manager, self)

@@ -603,7 +603,7 @@ def _held_managers(frame: BlockFrame, line: int, failures: list[CheckpointFailur
         if why is not None:
             failures.append(CheckpointFailure(
                 f"the with statement at line {line} holds a {type(held.manager).__qualname__}, a context manager "
-                f"of the job's own that cannot be saved ({why}); a restore would have to enter it again. Take "
+                f"held across stops that cannot be saved ({why}); a restore would have to enter it again. Take "
                 f"the checkpoint outside it (put the with statement inside the loop body), or make it picklable"))
         out.append(held)
     return out
@@ -613,7 +613,7 @@ def _not_reenterable(manager: Any) -> Optional[str]:
     """Why entering this ``with`` manager again at restore would not continue the run (None: it
     would). The restore runs the header again, so a manager whose ``__enter__`` records the
     moment it ran, or whose exit at the stop undid the block's work, cannot be carried."""
-    if isinstance(manager, (contextlib.ExitStack, contextlib.AsyncExitStack)) and manager._exit_callbacks:
+    if isinstance(manager, contextlib.AsyncExitStack) and manager._exit_callbacks:  # an ExitStack is held
         # stack.callback(fn) wraps fn (``__wrapped__``); enter_context(cm) pushes cm's bound __exit__
         plain = [cb for _, cb in manager._exit_callbacks if hasattr(cb, "__wrapped__")]
         advice = []
