@@ -252,3 +252,53 @@ def test_a_thread_local_keeps_what_the_job_thread_put_in_it(launcher, tmp_path):
     base, trace = trace_of(launcher, [str(script)], tmp_path)
     assert base.rc == 0 and "8 36 204" in base.stdout, base.describe()
     assert_chains_match(launcher, [str(script)], base, trace, tmp_path, seeds=(4,), extra=2)
+
+
+ENDED_POOLS = """
+import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+import torch
+
+def square(x):
+    return x * x
+
+def main():
+    with mp.Pool(2) as pool:
+        a = pool.map(square, range(1, 5))
+    with ThreadPoolExecutor(2) as threads:
+        b = list(threads.map(square, a))
+    with ProcessPoolExecutor(2) as processes:
+        c = list(processes.map(square, range(3)))
+    w = torch.zeros(4, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=1e-4)
+    for step in range(6):
+        loss = (w * torch.tensor(a, dtype=torch.float32) - torch.tensor(b, dtype=torch.float32)).pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(step, loss.item().hex())
+    for name, use in (("pool", lambda: pool.map(square, [1])), ("threads", lambda: threads.submit(square, 1)),
+                      ("processes", lambda: processes.submit(square, 1))):
+        try:
+            use()
+        except (ValueError, RuntimeError) as e:
+            print(name, type(e).__name__, e)
+    pool.join()
+    threads.shutdown()
+    processes.shutdown()
+    print(c, repr(pool)[-30:])
+
+main()
+"""
+
+
+def test_pools_and_executors_that_ended_before_the_loop_are_saved_as_ended(launcher, tmp_path):
+    """``with Pool(2) as pool:`` (or an executor) for preprocessing before the loop leaves the name
+    bound to an ended pool, which does not pickle: every checkpoint in the loop after it was
+    refused. Saved as an ended pool without workers, it raises after a restore what it raised."""
+    script = tmp_path / "pools.py"
+    script.write_text(ENDED_POOLS)
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    assert "pool ValueError Pool not running" in base.stdout, base.stdout
+    assert base.stdout.count("cannot schedule new futures after shutdown") == 2, base.stdout
+    assert_chains_match(launcher, [str(script)], base, trace, tmp_path, seeds=(1, 2), extra=3)

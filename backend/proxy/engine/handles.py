@@ -12,6 +12,8 @@ of the job at all, so a restore may make them anew and stay exact:
   (`install`), saved as its file and dialect and made again over the re-opened file; so is a
   ``csv.reader`` (and ``csv.DictReader``), which reads its file's lines with ``readline()`` so
   that the file keeps its ``tell()`` and is saved at its place;
+* a ``multiprocessing`` pool or a ``concurrent.futures`` executor that has ended (``with Pool(4)
+  as pool:`` before the loop leaves ``pool`` bound) is saved as an ended one without workers;
 * a lock no thread holds is saved as a new lock, an ``Event`` as a new one in the same state,
   wherever they are (an attribute of a trainer, a local of ``main()``); a ``threading.local``
   with the attributes the job's thread gave it;
@@ -167,7 +169,61 @@ def reduce(obj: Any) -> Any:
         return _reopen_summary_writer, (cls, obj.log_dir, obj.max_queue, obj.flush_secs, obj.filename_suffix)
     if _is_tqdm(cls):
         return _new_tqdm, (cls, _tqdm_arguments(obj))
+    if _is_ended_pool(obj):
+        return _ended_pool, (cls, obj._state, len(obj._pool))
+    if _is_ended_executor(obj):
+        return _ended_executor, (cls, obj._max_workers)
     return NotImplemented
+
+
+def _is_ended_pool(obj: Any) -> bool:
+    """A ``multiprocessing`` pool closed or terminated, whose workers have all exited: what
+    ``pool`` still names after ``with Pool(4) as pool: ...`` (preprocessing before the loop)."""
+    pool_module = sys.modules.get("multiprocessing.pool")
+    if pool_module is None or not isinstance(obj, pool_module.Pool):
+        return False
+    workers = getattr(obj, "_pool", None)
+    return obj._state != pool_module.RUN and workers is not None and not any(w.is_alive() for w in workers)
+
+
+class _Ended:
+    """An ended pool's worker or handler thread: ``pool.join()`` returns at once."""
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        return None
+
+    def is_alive(self) -> bool:
+        return False
+
+
+def _ended_pool(cls: type, state: str, workers: int) -> Any:
+    """The ended pool made again with ended workers: using it raises "Pool not running", as the
+    ended one did; ``close()``, ``terminate()`` and ``join()`` do nothing, as for the ended one."""
+    pool = cls.__new__(cls)
+    pool._state = state
+    pool._pool = [_Ended() for _ in range(workers)]
+    pool._terminate = lambda: None
+    pool._worker_handler = pool._task_handler = pool._result_handler = _Ended()
+    return pool
+
+
+def _is_ended_executor(obj: Any) -> bool:
+    """A ``concurrent.futures`` thread or process pool (not a subclass) after ``shutdown()``, with
+    no worker left: what ``ex`` still names after ``with ThreadPoolExecutor() as ex: ...``."""
+    cls = type(obj)
+    if (cls.__module__, cls.__name__) == ("concurrent.futures.thread", "ThreadPoolExecutor"):
+        return obj._shutdown and not any(t.is_alive() for t in obj._threads)
+    if (cls.__module__, cls.__name__) == ("concurrent.futures.process", "ProcessPoolExecutor"):
+        return obj._shutdown_thread and obj._processes is None
+    return False
+
+
+def _ended_executor(cls: type, max_workers: int) -> Any:
+    """A new executor of the same size, shut down before it started a worker: ``submit`` raises
+    "cannot schedule new futures after shutdown", as it did on the one saved."""
+    executor = cls(max_workers=max_workers)
+    executor.shutdown()
+    return executor
 
 
 def _is_tqdm(cls: type) -> bool:
