@@ -1,7 +1,8 @@
 """With statements a restore would enter again, where that differs from an uninterrupted run.
-A context manager class of the job's own is held across the stop (held_managers.py): entered
-once, exited once. Where that cannot be done a checkpoint inside them is refused, naming the
-statement and what to do, and the job runs on. Each resumed silently wrong before: a class of
+A context manager class of the job's own, and a ``@contextmanager`` of its own whose generator
+can be saved, are held across the stop (held_managers.py): entered once, exited once. Where
+that cannot be done a checkpoint inside them is refused, naming the statement and what to do,
+and the job runs on. Each resumed silently wrong before: a class of
 the job's own (its exit ran at the stop and its enter again at the restore: "enter"/"exit"
 printed twice, a class counter drifting), a ``@contextmanager`` of the job's own,
 ``warnings.catch_warnings(record=True)`` (the warnings caught before the stop were
@@ -80,8 +81,36 @@ with torch.autocast("cpu", dtype=torch.bfloat16):
 """
 
 
+OWN_GENERATOR_SENDING = """
+from contextlib import contextmanager
+
+@contextmanager
+def phase(name):
+    print("begin", name)
+    got = yield name.upper()  # the value of a yield: not a shape a checkpoint can save
+    print("end", name, got)
+
+with phase("train") as tag:
+    for step in range(6):
+        print(tag, step)
+"""
+
+
+def test_a_contextmanager_of_the_job_is_held_entered_and_exited_once(launcher, tmp_path):
+    """``@contextmanager`` around the loop, with ``try``/``finally`` around its yield: its
+    generator is saved where it waits, the stop does not run the finally block and the restore
+    does not run the code before the yield again; "begin" and "end" print once, as without stops."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(OWN_GENERATOR))
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    assert base.stdout.count("begin train") == 1 and base.stdout.count("end train") == 1
+    loops = [t["step"] for t in trace if t["kind"] == "loop"]
+    out, _ = run_chain(launcher, [str(script)], [loops[1], loops[3], loops[4]], tmp_path / "ck")
+    assert out == base.stdout
+
+
 @pytest.mark.parametrize("source, named", [
-    (OWN_GENERATOR, "phase(), a @contextmanager, a context manager of the job's own"),
+    (OWN_GENERATOR_SENDING, "phase(), a @contextmanager, a context manager of the job's own"),
     (RECORDED_WARNINGS, "warnings.catch_warnings(record=True)"),
     (AUTOCAST, "torch.autocast around the loop"),
 ], ids=["contextmanager", "catch_warnings", "autocast"])

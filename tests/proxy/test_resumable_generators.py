@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 
-from harness import assert_chains_match, trace_of
+from harness import assert_chains_match, run_chain, trace_of
 
 KEPT_GENERATORS = """
 import os
@@ -89,12 +89,32 @@ def lines(path):
     finally:
         f.close()
 
+def guarded(rows):
+    for row in rows:
+        try:
+            yield int(row) * 2
+        except ValueError:
+            print("skipped", row)
+
+def lenient(rows):
+    for row in rows:
+        try:
+            value = int(row)
+        except ValueError:
+            yield "bad " + row  # a yield in an except block: not a shape a restore can walk into
+        else:
+            yield value
+
 data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data.txt")
 with open(data, "w") as f:
     f.write("\\n".join(str(i) for i in range(40)))
 rows = lines(data)
+doubled = guarded(lines(data))
 for step in range(12):
-    print(step, next(rows))
+    print(step, next(rows), next(doubled))
+checked = lenient(["1", "x", "3"])
+for step in range(3):
+    print(next(checked))
 """
 
 
@@ -113,11 +133,18 @@ def test_generators_kept_in_variables_are_saved_where_they_stopped(launcher, tmp
 
 
 def test_a_generator_of_another_shape_fails_the_checkpoint_naming_it_and_the_job_runs_on(launcher, tmp_path):
+    """A yield in the body of a ``try`` (``finally: f.close()``, ``except ValueError:``) is saved
+    where it stopped; a yield in an ``except`` block is not a shape a restore can walk back into:
+    a checkpoint while that generator is suspended fails, naming it, and the job runs on."""
     target = _script(tmp_path, "read.py", TRY_AROUND_THE_YIELD)
     base, trace = trace_of(launcher, target, tmp_path)
-    step = [t["step"] for t in trace if t["kind"] == "loop"][6]
+    loops = [t for t in trace if t["kind"] == "loop"]
+    first_loop = [t["step"] for t in loops if t["line"] == loops[0]["line"]]
+    out, _ = run_chain(launcher, target, [first_loop[1], first_loop[6], first_loop[-1]], tmp_path / "chain")
+    assert out == base.stdout
+    step = [t["step"] for t in loops if t["line"] != loops[0]["line"]][1]
     run = launcher.run(target + ["--checkpoint-dir", str(tmp_path / "ck"), "--stop-at-step", str(step)])
     assert run.rc == 0 and run.stdout == base.stdout, run.describe()
     [failed] = [d for _, d in run.events("checkpoint_failed")]
-    assert failed["variables"] == [["rows", "generator"]], failed
-    assert "generator from lines() (line 4)" in failed["error"] and "no `try` around a yield" in failed["error"]
+    assert failed["variables"] == [["checked", "generator"]], failed
+    assert "generator from lenient()" in failed["error"] and "no yield in its `except`" in failed["error"]

@@ -24,7 +24,9 @@ is rewritten so that its frame can be rebuilt (`resumable_generators` keeps the 
   state that a restore would not set again); restoring, it is not entered again.
 
 Only generators of this shape are rewritten (`why_not`): every yield a statement of its own,
-inside nothing but ``for``, ``while``, ``if`` and ``with``. Others run unchanged, and a checkpoint of one
+inside nothing but ``for``, ``while``, ``if``, ``with`` and the body of a ``try`` (whose handlers
+and ``finally`` then run as they would have: the restore arrives inside it), and no decorator
+but ``@staticmethod``, ``@classmethod`` and ``@contextmanager``. Others run unchanged, and a checkpoint of one
 suspended fails naming it, as before.
 """
 from __future__ import annotations
@@ -41,7 +43,10 @@ RESTORING = "__sg_r__"  # a local copy of ``STATE.restoring``: tested at every s
 LOOP_PREFIX = "__sg_l"  # + the loop's number + "__": the local holding a loop's iterator
 AT = "__sg_at__"  # the yield it is suspended at (0: none yet); a local, as cheap to set as can be
 MODULE = "backend.proxy.engine.resumable_generators"
-_COMPOUND = (ast.For, ast.While, ast.If, ast.With)
+_COMPOUND = (ast.For, ast.While, ast.If, ast.With, ast.Try)
+#: decorators a rewritten generator may have: `@contextmanager` makes a manager whose generator is
+#: saved where it waits (held_managers.py: a with statement around the loop holds it across stops)
+_DECORATORS = ("staticmethod", "classmethod", "contextmanager", "contextlib.contextmanager")
 
 
 def _yields(node: ast.AST) -> list[ast.AST]:
@@ -56,7 +61,7 @@ def _holds_yield(stmt: ast.stmt) -> bool:
 
 def why_not(fdef: ast.FunctionDef) -> str:
     """Why a generator function cannot be rewritten (it runs unchanged), or ''."""
-    if any(not (isinstance(d, ast.Name) and d.id in ("staticmethod", "classmethod")) for d in fdef.decorator_list):
+    if any(ast.unparse(d) not in _DECORATORS for d in fdef.decorator_list):
         return "a decorated generator"
     statements = {id(s.value) for s in ast.walk(fdef) if isinstance(s, ast.Expr)}
     for y in _yields(fdef):
@@ -83,6 +88,9 @@ def why_not(fdef: ast.FunctionDef) -> str:
                 return "a yield in a loop's else block"
             if isinstance(stmt, ast.For) and not isinstance(stmt.target, (ast.Name, ast.Tuple, ast.List)):
                 return "a loop target that is not a name"
+            if isinstance(stmt, ast.Try) and any(_holds_yield(s) for s in [*stmt.orelse, *stmt.finalbody,
+                                                                         *(x for h in stmt.handlers for x in h.body)]):
+                return "a yield in a try statement's except, else or finally block"
             found = check(stmt.body) or check(getattr(stmt, "orelse", []))
             if found:
                 return found
@@ -180,6 +188,10 @@ class _GeneratorRewriter:
             code[0].body[0].value.args[1] = item.context_expr  # type: ignore[attr-defined]
             code[1].body = self.block(stmt.body, path + ((nid, True),)) or _scaffold("pass", stmt)  # type: ignore[attr-defined]
             guard[0].body = code  # type: ignore[attr-defined]
+            return guard
+        if isinstance(stmt, ast.Try):  # restoring, the body is entered; the yield is in it (`why_not`)
+            stmt.body = self.block(stmt.body, path + ((nid, True),)) or _scaffold("pass", stmt)
+            guard[0].body = [stmt]  # type: ignore[attr-defined]
             return guard
         if isinstance(stmt, ast.While):
             test = _scaffold(f"{RESTORING} or None", stmt.test, expr=True)

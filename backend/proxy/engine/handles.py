@@ -324,10 +324,10 @@ def explain(name: str, value: Any, probe: Callable[[Any], Optional[str]], top_le
         code = culprit.gi_code
         return (f"`{path}` is a generator from {code.co_name}() (line {code.co_firstlineno}), of a shape whose "
                 f"stopping point cannot be saved: only generator functions defined at module level (or as "
-                f"methods of its classes), undecorated, whose yields are statements inside nothing but "
-                f"`for`, `while`, `if` and `with open(...)` are (no `try` around a yield, no other `with`, "
-                f"no `x = yield`). Give {code.co_name}() that shape (e.g. `with open(path) as f:` rather "
-                f"than `try:`/`finally: f.close()`), loop over the data with `for` instead (e.g. "
+                f"methods of its classes), undecorated (but for `@contextmanager`), whose yields are "
+                f"statements inside nothing but `for`, `while`, `if`, `with open(...)` and the body of a "
+                f"`try` (no yield in its `except` or `finally`, no other `with`, no `x = yield`). Give "
+                f"{code.co_name}() that shape, loop over the data with `for` instead (e.g. "
                 f"`for batch in loader:` inside `while True:`), or keep the position in an object: a class "
                 f"whose `__next__` calls `next(self.it)` on `self.it = iter(loader)` and makes a new "
                 f"`iter(loader)` on StopIteration (a live DataLoader iterator in an attribute is saved exactly)")

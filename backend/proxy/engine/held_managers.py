@@ -8,8 +8,9 @@ runtime wraps such a manager as it is made (`HeldManager`): a stop skips its ``_
 block is not over), the checkpoint saves the manager and what its ``__enter__`` returned, and a
 restore continues the with statement with them, without entering it again; its ``__exit__`` runs
 once, when the block really ends. The header expression is still evaluated at restore (its
-result is dropped). A ``@contextmanager`` function of the job (a suspended generator, which does
-not pickle) is refused instead (state.py).
+result is dropped). A ``@contextmanager`` function of the job is held too when its generator is
+one generator_rewrite.py rewrote (saved where it waits at its ``yield``, resumed by the
+``__exit__`` at the real end of the block); one it could not rewrite is refused (state.py).
 
 A ``contextlib.ExitStack`` is held the same way (``with ExitStack() as stack:`` then
 ``log = stack.enter_context(open(...))`` in the block): entered again, it would be empty, and
@@ -21,16 +22,20 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Optional
 
-from . import ownership
+from . import generator_rewrite, ownership
 
 
 def is_held(manager: Any) -> bool:
-    """Whether a with statement holds ``manager`` across stops: an ``ExitStack``, or a manager
-    whose ``__enter__`` or ``__exit__`` is the program's code (not a ``@contextmanager``)."""
+    """Whether a with statement holds ``manager`` across stops: an ``ExitStack``, a manager whose
+    ``__enter__`` or ``__exit__`` is the program's code, or a ``@contextmanager`` of the program
+    whose generator a checkpoint saves where it waits (generator_rewrite.py)."""
     if isinstance(manager, contextlib.ExitStack):
         return True
     if isinstance(manager, contextlib._GeneratorContextManager):
-        return False
+        gen = getattr(manager, "gen", None)
+        frame = getattr(gen, "gi_frame", None)
+        return frame is not None and generator_rewrite.STATE in gen.gi_code.co_varnames \
+            and ownership.PROGRAM.owns(gen.gi_code, frame.f_globals)
     cls = type(manager)
     return ownership.PROGRAM(getattr(cls, "__enter__", None)) or ownership.PROGRAM(getattr(cls, "__exit__", None))
 

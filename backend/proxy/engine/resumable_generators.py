@@ -138,6 +138,8 @@ def _function_of(gen: types.GeneratorType) -> Optional[types.FunctionType]:
         obj = obj.__dict__.get(part) if isinstance(obj, type) else None
     if isinstance(obj, (staticmethod, classmethod)):
         obj = obj.__func__
+    while isinstance(obj, types.FunctionType) and obj.__code__ != code and hasattr(obj, "__wrapped__"):
+        obj = obj.__wrapped__  # @contextmanager's helper: the generator function it calls
     # equal, not identical: unpickling a class by value in the process that defined it (a restore
     # in place) puts copies of its methods on it (cloudpickle's class tracking)
     return obj if isinstance(obj, types.FunctionType) and obj.__code__ == code else None
