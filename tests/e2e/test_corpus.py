@@ -48,6 +48,7 @@ SINGLE = {
     "global_settings": ["--steps", "16"],
     "config_module": ["--steps", "16"],
     "progress_bars": ["--epochs", "3"],
+    "fire_entry": ["--steps", "16"],
 }
 DDP_ARGS = ["--steps", "16"]  # ddp_main, 2 ranks
 SPAWN_ARGS = ["--steps", "16", "--world-size", "2"]  # ddp_spawn: mp.spawn of 2 processes
