@@ -55,7 +55,8 @@ def _between(library: types.FrameType, below: Optional[types.FrameType]) -> str:
                                         for v in library.f_locals.values())
     if wrapped:
         why += (f": a decorator's wrapper of {below.f_code.co_name}(), which a restore cannot call again "
-                f"(for `@torch.autocast(...)` and the like, put the loop in a `with` block of that context manager instead)")
+                f"(for `@torch.autocast(...)` and the like, put the loop in a `with` block of that context "
+                f"manager instead)")
     return why
 
 

@@ -943,7 +943,8 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         "process": process_settings.capture(probe_setting, _redirected_streams(rt)),
         "hydra": hydra_state.capture(),  # HydraConfig.get(): @hydra.main's setup is not run again
         # grad mode, decimal context: outside the with statements a restore enters again, and inside
-        "modes": scoped_modes.capture([f for f in rt.stack if getattr(f, "kind", None) == "with"], rt.chain or ()),
+        "modes": scoped_modes.capture([f for f in rt.stack if getattr(f, "kind", None) == "with"],
+                                      rt.chain or ()),
         "position": position,
         "namespace": namespace if in_locals else _without(namespace, rebuild),
         "locals": _without(saved_locals, rebuild) if in_locals else None,
