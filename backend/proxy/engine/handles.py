@@ -381,6 +381,13 @@ def _known(name: str, value: Any, path: str, culprit: Any) -> str:
                 f"took `csv.reader` before the job ran), whose place in its file cannot be saved; make it "
                 f"with `csv.reader(f)` in the job's code (saved with its file), read the rows where it is "
                 f"made (`rows = list(csv.reader(f))`), or `del {path}` once it is read")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.jit.ScriptModule):
+        return (f"`{name}` is a TorchScript module (`torch.jit.trace`/`torch.jit.script`): its JIT optimizes "
+                f"the graph after the first calls, and a module loaded again at a restore would optimize it "
+                f"at another call, so the steps after a restore could differ in the last bits (measured). "
+                f"Train and evaluate the eager module in the loop and trace or script it after the loop "
+                f"(`torch.compile` is saved exactly), or `del {name}` before the loop")
     return ""
 
 
