@@ -144,7 +144,8 @@ def test_a_restored_generator_leaves_the_original_alone():
 
 @pytest.mark.parametrize("src, reason", [
     ("def g():\n    x = yield 1\n    print(x)", "send"),
-    ("def g(f):\n    try:\n        yield 1\n    finally:\n        f.close()", "try statement"),
+    ("def g(f):\n    try:\n        pass\n    finally:\n        yield 1", "try statement"),
+    ("def g():\n    try:\n        yield 1\n    except ValueError:\n        yield 2", "try statement"),
     ("def g(p):\n    with open(p) as p.f:\n        yield 1", "with target"),
     ("@cache\ndef g():\n    yield 1", "decorated"),
     ("def g():\n    for x in range(3):\n        pass\n    else:\n        yield x", "else block"),

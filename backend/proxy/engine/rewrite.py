@@ -194,6 +194,18 @@ def _prologue(fid: int, local_names: list[str], params: set[str]) -> list[ast.st
             ast.If(test=_restoring(), body=on_restore, orelse=[])]
 
 
+def runner_argument(call: ast.Call, unstable: frozenset[str] | set[str]) -> Optional[str]:
+    """For ``fire.Fire(main)``, ``typer.run(main)``: the name of the function it is given. A restore
+    makes such a library call again with the same arguments (`library_wrappers`), so they must
+    evaluate again to the same objects; None for any other call."""
+    if ast.unparse(call.func) not in library_wrappers.RUNNER_CALLEES or not call.args \
+            or not isinstance(call.args[0], ast.Name) or any(isinstance(a, ast.Starred) for a in call.args) \
+            or any(k.arg is None for k in call.keywords) \
+            or not all(is_pure(a, unstable) for a in [*call.args, *(k.value for k in call.keywords)]):
+        return None
+    return call.args[0].id
+
+
 # --------------------------------------------------------------------------- the rewriter
 class _Rewriter:
     def __init__(self, unstable: set[str], library: Optional[set[str]] = None, base: int = 0) -> None:
@@ -313,14 +325,6 @@ class _Rewriter:
         self._calls[key] = found
         return found
 
-    def _runner(self, call: ast.Call) -> bool:
-        """``fire.Fire(main)``, ``typer.run(main)``: a library call that a restore makes again with
-        the same arguments (`library_wrappers`), so they must evaluate again to the same objects."""
-        return (ast.unparse(call.func) in library_wrappers.RUNNER_CALLEES and bool(call.args)
-                and isinstance(call.args[0], ast.Name) and not any(isinstance(a, ast.Starred) for a in call.args)
-                and all(k.arg is not None for k in call.keywords)
-                and all(is_pure(a, self.unstable) for a in [*call.args, *(k.value for k in call.keywords)]))
-
     def _path_calls(self, e: ast.expr, out: list[ast.Call]) -> None:
         assert self.library is not None
         parts: list[ast.expr]
@@ -330,7 +334,7 @@ class _Rewriter:
                 if method_of_temporary(e.func):
                     out.append(e)
                 return
-            if root not in self.library or self._runner(e):
+            if root not in self.library or runner_argument(e, self.unstable):
                 out.append(e)
             through = isinstance(e.func, ast.Name) or (
                 isinstance(e.func, ast.Attribute) and isinstance(e.func.value, ast.Name))
@@ -365,17 +369,13 @@ class _Rewriter:
                     assert isinstance(original.func, ast.Attribute)
                     info = rewriter._new("call", original, method=original.func.attr)
                     reenter = _rt_call("reenter_method", _const(info.id), _const(info.method))
-                elif rewriter._runner(original):  # `fire.Fire(main)`: called again with its arguments
-                    first = original.args[0]
-                    assert isinstance(first, ast.Name)
-                    info = rewriter._new("call", original, callee=ast.unparse(original.func), runs=first.id)
-                    reenter = _rt_call("reenter", _const(info.id), copy.deepcopy(original.func),
-                                       *copy.deepcopy(original.args))
-                    reenter.keywords = copy.deepcopy(original.keywords)
-                else:
-                    info = rewriter._new("call", original, callee=ast.unparse(original.func),
+                else:  # a runner (`fire.Fire(main)`) is called again with its own arguments
+                    runs = runner_argument(original, rewriter.unstable)
+                    info = rewriter._new("call", original, callee=ast.unparse(original.func), runs=runs or "",
                                          bare=not original.args and not original.keywords)
-                    reenter = _rt_call("reenter", _const(info.id), copy.deepcopy(original.func))
+                    reenter = _rt_call("reenter", _const(info.id), copy.deepcopy(original.func),
+                                       *(copy.deepcopy(original.args) if runs else []))
+                    reenter.keywords = copy.deepcopy(original.keywords) if runs else []
                 span = (original.lineno, original.end_lineno, original.col_offset, original.end_col_offset)
                 rewriter.call_spans.setdefault(rewriter.func, {})[span] = info.id
                 ids.append(info.id)
