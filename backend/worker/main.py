@@ -157,10 +157,20 @@ def stop_on_sigterm(controller) -> None:
     checkpoint at the next safe point and exits EXIT_PREEMPTED, so the job resumes where it
     stopped; a second SIGTERM ends the process at once. The agent's own stops use the ``exit``
     request instead. A program that installs its own SIGTERM handler replaces this one (a
-    checkpoint saves the program's handler, not this one, nor the default action it puts back)."""
+    checkpoint saves the program's handler, not this one, nor the default action it puts back).
+
+    A process the job forks (a ``multiprocessing.Pool``'s worker) inherits this handler; there
+    SIGTERM does what it does without the service, end the process: ``with Pool(2) as pool:``
+    terminates its workers with SIGTERM on exit and waited for them forever."""
     from backend.proxy.engine import process_settings
 
+    owner = os.getpid()
+
     def on_term(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         process_settings.host_sets_signal(signal.SIGTERM, signal.SIG_DFL)
         controller.request_checkpoint("stop", "SIGTERM: the job was asked to stop (a preemption notice)")
 
