@@ -87,8 +87,13 @@ import multiprocessing as mp, time
 for round in range(3):
     with mp.Pool(2) as pool:  # __exit__ terminates the workers with SIGTERM
         print(round, pool.map(abs, [-1, -2, -3]))
-child = mp.Process(target=time.sleep, args=(60,))
+def nap(ready):
+    ready.set()
+    time.sleep(60)
+ready = mp.Event()
+child = mp.Process(target=nap, args=(ready,))
 child.start()
+ready.wait(20)  # running (a signal before Python's after-fork setup is lost, with any Python handler)
 child.terminate()
 child.join(20)
 print("child", child.exitcode)
