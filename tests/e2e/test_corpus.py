@@ -2,8 +2,8 @@
 run plainly (``python train.py ARGS`` in a copy of its folder) and as a job on a 2-node cluster
 that is preempted and resumed and migrated to the other node at seeded random moments (the DDP
 one is also resized 2 -> 1 -> 2 devices with 2 ranks). What it printed (per rank) and every file
-it saved must equal the plain run's byte for byte; TensorBoard event files, which carry wall
-times and host names, are compared by the scalars read back from them.
+it saved must equal the plain run's byte for byte; TensorBoard event files and W&B records,
+which carry wall times and host names, are compared by the values read back from them.
 
 Marker ``corpus``: ``-m 'not corpus'`` leaves these out of a quick run.
 """
@@ -49,10 +49,12 @@ SINGLE = {
     "config_module": ["--steps", "16"],
     "progress_bars": ["--epochs", "3"],
     "fire_entry": ["--steps", "16"],
+    "wandb_offline": ["--epochs", "4", "--batches", "4"],
 }
 DDP_ARGS = ["--steps", "16"]  # ddp_main, 2 ranks
 SPAWN_ARGS = ["--steps", "16", "--world-size", "2"]  # ddp_spawn: mp.spawn of 2 processes
-NOT_BITWISE = {"tensorboard_writer": ("runs",)}  # compared through the scalars instead
+NOT_BITWISE = {"tensorboard_writer": ("runs",),  # compared through the scalars instead
+               "wandb_offline": ("wandb",)}  # compared through the rows logged (wandb_records)
 THREADS = {"OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # what a worker gets
 
 
@@ -121,10 +123,18 @@ def test_program_resumes_exactly_through_preemption_and_migration(two_nodes, pla
     assert files_of(submitted, skip) == files_of(plain, skip)
     assert set(files_of(plain, skip)) - {"train.py", "helpers.py", "data/x.csv", "config.py",
                                                                  "src/mylib.py"}  # it did save something
-    if skip:
+    if program == "tensorboard_writer":
         expected_scalars = scalars(plain / "runs" / "exp")
         assert len(expected_scalars["train/loss"]) == int(SINGLE[program][1])
         assert scalars(submitted / "runs" / "exp") == expected_scalars
+    if program == "wandb_offline":
+        from wandb_records import logged
+
+        expected_log, log = logged(plain), logged(submitted)
+        assert len(expected_log["rows"]) == 4 and expected_log["summary"]["best_total"] > 0
+        assert (log["rows"], log["summary"], log["config"]) == \
+            (expected_log["rows"], expected_log["summary"], expected_log["config"])
+        assert len(set(log["ids"])) == 1 and len(log["ids"]) >= 3  # one run, continued by each restore
 
 
 def free_port() -> int:

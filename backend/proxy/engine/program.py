@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from . import (caches, closure_cells, context, exit_handlers, grad_decorators, handles, hydra_state,
                imported_submodules, libraries, library_patches, module_state, ownership, process_settings,
-               scoped_modes, training_state, type_memos)
+               scoped_modes, training_state, type_memos, wandb_runs)
 from ..checkpoint.errors import CheckpointError, Preempted
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
@@ -259,6 +259,7 @@ class ResumableProgram:
         training_state.install()  # DataLoader iterators made from now on can be checkpointed
         grad_decorators.install()  # @torch.no_grad() on the program's functions records the caller's mode
         handles.install()  # and csv writers
+        wandb_runs.install()  # a W&B run's open row and folder are kept for its checkpoints
         rt = Runtime(self, namespace, controller)
         if self.kind == "callable":
             globals_ = self._callable_globals(namespace)
@@ -298,6 +299,7 @@ class ResumableProgram:
             return self._run_callable(rt, namespace, globals_, graph)
         except Preempted:
             stopped = True
+            wandb_runs.stopped()
             raise
         finally:
             exit_handlers.uninstall(ended=not stopped, main_globals=self._main_globals(namespace))

@@ -57,7 +57,7 @@ import cloudpickle
 from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
                exit_handlers, finalizers, getattr_classes, handles, held_managers, hydra_state, imported_submodules,
                iterators, lazy, libraries, library_patches, module_state, open_files, ownership, process_settings, rng,
-               resumable_generators, scoped_modes, sentinels, set_layouts, training_state, type_memos)
+               resumable_generators, scoped_modes, sentinels, set_layouts, training_state, type_memos, wandb_runs)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
@@ -361,6 +361,8 @@ class ProxyPickler(cloudpickle.Pickler):
         reduced = training_state.reduce(obj)  # grads, optimizers, schedulers, scalers, loader iterators
         if reduced is NotImplemented:
             reduced = handles.reduce(obj)  # a TensorBoard writer: re-opened on restore
+        if reduced is NotImplemented:
+            reduced = wandb_runs.reduce(obj)  # a W&B run: continued on restore
         if reduced is NotImplemented:
             reduced = libraries.reduce(obj)  # weak references, shared-state singletons (accelerate)
         if reduced is NotImplemented:
