@@ -14,7 +14,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import (caches, closure_cells, context, exit_handlers, grad_decorators, handles, hydra_state,
-               imported_submodules, libraries, library_patches, module_state, ownership, process_settings,
+               imported_submodules, libraries, library_patches, mlflow_runs, module_state, ownership, process_settings,
                scoped_modes, training_state, type_memos, wandb_runs)
 from ..checkpoint.errors import CheckpointError, Preempted
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
@@ -260,6 +260,7 @@ class ResumableProgram:
         grad_decorators.install()  # @torch.no_grad() on the program's functions records the caller's mode
         handles.install()  # and csv writers
         wandb_runs.install()  # a W&B run's open row and folder are kept for its checkpoints
+        mlflow_runs.install()  # a restore's `with mlflow.start_run():` starts no second run
         rt = Runtime(self, namespace, controller)
         if self.kind == "callable":
             globals_ = self._callable_globals(namespace)
@@ -277,6 +278,7 @@ class ResumableProgram:
             context.restore(graph.get("context"))  # before rebuilds: they may read relative paths
             process_settings.apply(graph.get("process"))  # the settings the skipped statements made
             hydra_state.apply(graph.get("hydra"))  # what @hydra.main set up before main(cfg)
+            mlflow_runs.apply(graph.get("mlflow"))  # mlflow.log_metric logs to the same run again
             scoped_modes.apply_outer(graph.get("modes"))  # grad mode, decimal context outside the with statements
             module_state.apply(graph.get("modules"))  # config.lr = args.lr, counters in helper modules
             imported_submodules.apply(graph.get("submodules"))  # import xml.sax.saxutils: xml.sax is set
@@ -299,7 +301,8 @@ class ResumableProgram:
             return self._run_callable(rt, namespace, globals_, graph)
         except Preempted:
             stopped = True
-            wandb_runs.stopped()
+            wandb_runs.stopped()  # what the job logged reaches its tracker before the process ends
+            mlflow_runs.stopped()
             raise
         finally:
             exit_handlers.uninstall(ended=not stopped, main_globals=self._main_globals(namespace))

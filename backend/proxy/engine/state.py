@@ -56,7 +56,8 @@ import cloudpickle
 
 from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
                exit_handlers, finalizers, getattr_classes, handles, held_managers, hydra_state, imported_submodules,
-               iterators, lazy, libraries, library_patches, module_state, open_files, ownership, process_settings, rng,
+               iterators, lazy, libraries, library_patches, mlflow_runs, module_state, open_files, ownership,
+               process_settings, rng,
                resumable_generators, scoped_modes, sentinels, set_layouts, training_state, type_memos, wandb_runs)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
@@ -944,6 +945,7 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         # default dtype, print options, logging...: put back on restore
         "process": process_settings.capture(probe_setting, _redirected_streams(rt)),
         "hydra": hydra_state.capture(),  # HydraConfig.get(): @hydra.main's setup is not run again
+        "mlflow": mlflow_runs.capture(),  # the active runs mlflow.log_metric logs to
         # grad mode, decimal context: outside the with statements a restore enters again, and inside
         "modes": scoped_modes.capture([f for f in rt.stack if getattr(f, "kind", None) == "with"],
                                       rt.chain or ()),
