@@ -159,15 +159,19 @@ def stop_on_sigterm(controller) -> None:
     request instead. A program that installs its own SIGTERM handler replaces this one (a
     checkpoint saves the program's handler, not this one, nor the default action it puts back).
 
-    A process the job forks (a ``multiprocessing.Pool``'s worker) inherits this handler; there
-    SIGTERM does what it does without the service, end the process: ``with Pool(2) as pool:``
-    terminates its workers with SIGTERM on exit and waited for them forever."""
+    A process the job forks (a ``multiprocessing.Pool``'s worker) must not inherit this handler:
+    there SIGTERM does what it does without the service, end the process (``with Pool(2) as
+    pool:`` terminates its workers with SIGTERM on exit and waited for them forever). So the
+    forking thread holds SIGTERM back across ``fork()`` and the child puts the default action
+    back before it lets it through (`_reset_in_forked_children`): one sent to the child as it was
+    being made ends it too (with a Python handler in place, CPython drops a signal that arrives
+    before its after-fork setup), and the child ends even while its Python code cannot run."""
     from backend.proxy.engine import process_settings
 
     owner = os.getpid()
 
     def on_term(signum: int, frame: Any) -> None:
-        if os.getpid() != owner:
+        if os.getpid() != owner:  # a child made without Python's fork hooks
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
@@ -175,6 +179,29 @@ def stop_on_sigterm(controller) -> None:
         controller.request_checkpoint("stop", "SIGTERM: the job was asked to stop (a preemption notice)")
 
     signal.signal(signal.SIGTERM, on_term)
+    _reset_in_forked_children(on_term)
+
+
+def _reset_in_forked_children(handler: Any) -> None:
+    """While ``handler`` is this process's SIGTERM handler, a child forked from it starts with the
+    default action, and a SIGTERM sent to it meanwhile is held until then (not dropped)."""
+    forking = threading.local()  # the forking thread's signal mask before `before` blocked SIGTERM
+
+    def before() -> None:
+        forking.mask = None
+        if signal.getsignal(signal.SIGTERM) is handler:
+            forking.mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def after_in_parent() -> None:
+        if getattr(forking, "mask", None) is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, forking.mask)
+
+    def after_in_child() -> None:
+        if getattr(forking, "mask", None) is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, forking.mask)  # a SIGTERM held meanwhile ends it now
+
+    os.register_at_fork(before=before, after_in_parent=after_in_parent, after_in_child=after_in_child)
 
 
 def load_inputs(inputs_b64: Optional[str], namespace: dict[str, Any]) -> None:

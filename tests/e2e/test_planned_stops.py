@@ -82,6 +82,36 @@ def test_sigterm_to_a_worker_is_a_preemption_notice(tmp_path):
             assert job.logs() == logs and job.result() == value
 
 
+FORKS_AND_TERMINATES = """
+import multiprocessing as mp, time
+for round in range(3):
+    with mp.Pool(2) as pool:  # __exit__ terminates the workers with SIGTERM
+        print(round, pool.map(abs, [-1, -2, -3]))
+def nap(ready):
+    ready.set()
+    time.sleep(60)
+ready = mp.Event()
+child = mp.Process(target=nap, args=(ready,))
+child.start()
+ready.wait(20)
+child.terminate()
+child.join(20)
+print("child", child.exitcode)
+"""
+
+
+def test_processes_the_job_forks_end_on_sigterm_as_without_the_service(tmp_path):
+    """The worker's SIGTERM handler (a preemption notice) was inherited by the processes the job
+    forks, so a SIGTERM no longer ended them: ``with Pool(2) as pool:`` hung in its exit at
+    random (found by a corpus job that never printed past its preprocessing), also when a worker
+    was terminated before its after-fork setup had run (tests/unit/test_forked_sigterm.py)."""
+    with LocalCluster(nodes=1, devices_per_node=1, home=tmp_path / "home") as cluster:
+        with cluster.client() as c:
+            job = c.submit(FORKS_AND_TERMINATES, name="forks")
+            assert job.wait(120) == JobState.SUCCEEDED, job.refresh().info.error
+            assert job.logs() == "".join(f"{r} [1, 2, 3]\n" for r in range(3)) + "child -15\n"
+
+
 def test_cancel_ends_a_job_at_once_without_a_checkpoint(tmp_path):
     with LocalCluster(nodes=1, devices_per_node=1, home=tmp_path / "home") as cluster:
         with cluster.client() as c:
