@@ -72,7 +72,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     script = Path(args.script).resolve()
     namespace = main_namespace(str(script))
-    sys.argv = [str(script)] + list(args.script_args)
+    sys.argv = [args.script] + list(args.script_args)  # as typed, as `python train.py` gives it
     sys.path.insert(0, str(script.parent))
     try:
         if args.callable:
