@@ -299,6 +299,30 @@ def library_roots(tree: ast.AST) -> set[str]:
     return roots
 
 
+def names_of_modules(tree: ast.AST, module: str, modules: frozenset[str]) -> set[str]:
+    """The names ``tree`` (the source of ``module``) binds by importing one of ``modules``:
+    ``from a.b import c`` and ``import a.b.c as c`` for ``a.b.c``, relative imports included."""
+    found: set[str] = set()
+    if not modules:
+        return found
+    package = module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".") if package else []
+                parent = ".".join(parts[:len(parts) - (node.level - 1)]) if node.level - 1 <= len(parts) else ""
+                base = f"{parent}.{base}".strip(".") if base else parent
+            for alias in node.names:
+                if f"{base}.{alias.name}" in modules:
+                    found.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in modules:
+                    found.add(alias.asname)
+    return found
+
+
 def _private(name: str) -> bool:
     return name.startswith("__") and not name.endswith("__")
 

@@ -25,6 +25,7 @@ Node and function ids of a library module lie in a range of their own, derived f
 """
 from __future__ import annotations
 
+import copyreg
 import functools
 import importlib.abc
 import importlib.machinery
@@ -47,7 +48,12 @@ from .rewrite import RT, rewrite_library
 #: ``transformers.trainer`` holds ``Trainer.train`` -> ``_inner_training_loop`` ->
 #: ``_run_epoch`` -> ``get_batch_samples``; its DataLoader (accelerate's ``DataLoaderShard``)
 #: iterates through a generator, made resumable by `shard_iterators`.
-DEFAULT_MODULES: tuple[str, ...] = ("transformers.trainer",)
+DEFAULT_MODULES: tuple[str, ...] = (
+    "transformers.trainer",
+    # Lightning's Trainer.fit down to its epoch loop (``lightning`` and the older ``pytorch_lightning``)
+    *(f"{package}.{module}" for package in ("lightning.pytorch", "pytorch_lightning")
+      for module in ("trainer.trainer", "trainer.call", "loops.fit_loop", "loops.training_epoch_loop")),
+)
 #: the environment variable naming extra modules (comma-separated); ``-`` first turns the defaults off
 ENV = REWRITE_MODULES_ENV
 #: "0" leaves the modules of the job's own folder as they are
@@ -137,7 +143,8 @@ class _RewritingLoader(importlib.machinery.SourceFileLoader):
         if owner is not None and owner != fullname:
             REGISTRY.skipped[fullname] = f"its id range is taken by {owner}"
             return compile(source, path, "exec", dont_inherit=True)
-        rewritten = rewrite_library(source, path, base, count_next=self.own)
+        rewritten = rewrite_library(source, path, base, count_next=self.own, module=fullname,
+                                    rewritten=frozenset(_finder.names))
         self._rewritten = rewritten
         REGISTRY.bases[base] = fullname
         return compile(rewritten.tree, path, "exec", dont_inherit=True)
@@ -369,9 +376,15 @@ def reduce(obj: Any) -> Any:
       the checkpoint saves is gone once the load ends, as it would be in the stopping process);
     * an instance of a shared-state ("Borg") class, whose ``__dict__`` is its class's
       ``_shared_state`` (accelerate's ``PartialState``, ``AcceleratorState``, ``GradientState``):
-      restored into the class's shared state, so instances made after the restore see it too.
+      restored into the class's shared state, so instances made after the restore see it too;
+    * Lightning objects whose ``__getstate__`` leaves out what a process handing them to another
+      could not send (`_LIGHTNING_WHOLE`): a ``LightningModule`` its trainer, the combined loader's
+      iterator its DataLoader iterators, the tqdm progress bar its bars. A checkpoint saves those
+      too (the trainer, iterators at their place, bars drawn anew), so they are saved whole.
     """
     t = type(obj)
+    if _lightning_whole(t):
+        return copyreg.__newobj__, (t,), dict(obj.__dict__)
     if t is weakref.ReferenceType:
         target = obj()
         return (_dead_weakref, ()) if target is None else (_weakref_to, (target,))
@@ -381,6 +394,20 @@ def reduce(obj: Any) -> Any:
     if type(shared) is dict and getattr(obj, "__dict__", None) is shared:
         return _shared_state_instance, (t,), dict(shared)
     return NotImplemented
+
+
+#: Lightning classes (``lightning.pytorch.`` or ``pytorch_lightning.`` + module, class) saved whole
+_LIGHTNING_WHOLE = frozenset({("core.module", "LightningModule"), ("utilities.combined_loader", "_ModeIterator"),
+                              ("callbacks.progress.tqdm_progress", "TQDMProgressBar")})
+
+
+def _lightning_whole(t: type) -> bool:
+    for c in t.__mro__:
+        module = c.__module__
+        for package in ("lightning.pytorch.", "pytorch_lightning."):
+            if module.startswith(package) and (module[len(package):], c.__name__) in _LIGHTNING_WHOLE:
+                return True
+    return False
 
 
 # --------------------------------------------------------------------------- a one-rank job's process group

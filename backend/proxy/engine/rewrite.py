@@ -35,7 +35,7 @@ from typing import Optional
 from . import closure_cells, generator_rewrite, library_wrappers, spawned
 from .analysis import (bound_names, callee_root, closures_sharing, declared_global, function_locals,
                        has_dynamic_parts, is_generator, is_pure, is_simple_binding, library_roots, loaded_names,
-                       method_of_temporary, not_rewritable, parameters, statement_reads)
+                       method_of_temporary, names_of_modules, not_rewritable, parameters, statement_reads)
 from .library_patches import imported_names
 
 #: the runtime's name in generated code; it ends in ``__`` so that methods do not mangle it
@@ -668,14 +668,19 @@ def rewrite_module(source: str, filename: str) -> Rewritten:
                      defs=rw.defs, unchanged_defs=rw.unchanged_defs, call_spans=rw.call_spans)
 
 
-def rewrite_library(source: str, filename: str, base: int, count_next: bool = False) -> Rewritten:
+def rewrite_library(source: str, filename: str, base: int, count_next: bool = False,
+                    module: str = "", rewritten: frozenset[str] = frozenset()) -> Rewritten:
     """Rewrite the functions of a library module (`libraries`), not its top level: the module
     body runs as it is when imported; every function holding a loop or a call site gets safe
     points like a function of the program.  Node and function ids start above ``base``.
     ``count_next``: the module is the job's own (a helper beside the script), whose ``next()``
-    calls are the program's (manual_next.py: ``skip_header(f)`` before the loop reads ``f``)."""
+    calls are the program's (manual_next.py: ``skip_header(f)`` before the loop reads ``f``).
+    ``module`` is its name and ``rewritten`` the other modules rewritten so: a call through a name
+    bound to one of those (``call._call_and_handle_interrupt(...)`` after ``from
+    lightning.pytorch.trainer import call``) is a call site, not a call into the library."""
     tree = ast.parse(source, filename=filename, mode="exec")
-    rw = _Rewriter(declared_global(tree), library_roots(tree) | {RT}, base=base)
+    roots = library_roots(tree) - names_of_modules(tree, module, rewritten)
+    rw = _Rewriter(declared_global(tree), roots | {RT}, base=base)
     rw.functions(tree)
     if count_next:
         _count_next_calls(tree)
