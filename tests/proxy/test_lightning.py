@@ -5,7 +5,6 @@ the DataLoader iterators of its combined loader) are saved whole."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

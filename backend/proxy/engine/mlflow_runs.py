@@ -23,7 +23,7 @@ import functools
 import sys
 import types
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from . import lazy, libraries
 

@@ -14,8 +14,8 @@ import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import (caches, closure_cells, context, exit_handlers, grad_decorators, handles, hydra_state,
-               imported_submodules, libraries, library_patches, mlflow_runs, module_state, ownership, process_settings,
-               scoped_modes, training_state, type_memos, wandb_runs)
+               imported_submodules, libraries, library_patches, mlflow_runs, module_state, ownership,
+               process_settings, scoped_modes, training_state, type_memos, wandb_runs)
 from ..checkpoint.errors import CheckpointError, Preempted
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant

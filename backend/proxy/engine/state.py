@@ -57,8 +57,8 @@ import cloudpickle
 from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
                exit_handlers, finalizers, getattr_classes, handles, held_managers, hydra_state, imported_submodules,
                iterators, lazy, libraries, library_patches, mlflow_runs, module_state, open_files, ownership,
-               process_settings, rng,
-               resumable_generators, scoped_modes, sentinels, set_layouts, training_state, type_memos, wandb_runs)
+               process_settings, rng, resumable_generators, scoped_modes, sentinels, set_layouts, training_state,
+               type_memos, wandb_runs)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
