@@ -379,8 +379,9 @@ def reduce(obj: Any) -> Any:
       restored into the class's shared state, so instances made after the restore see it too;
     * Lightning objects whose ``__getstate__`` leaves out what a process handing them to another
       could not send (`_LIGHTNING_WHOLE`): a ``LightningModule`` its trainer, the combined loader's
-      iterator its DataLoader iterators, the tqdm progress bar its bars. A checkpoint saves those
-      too (the trainer, iterators at their place, bars drawn anew), so they are saved whole.
+      iterator its DataLoader iterators, the tqdm progress bar its bars, the TensorBoard logger its
+      writer (unflushed: the last values logged were lost at a stop), the W&B logger its run (a
+      restore started a second one). A checkpoint saves all of these, so they are saved whole.
     """
     t = type(obj)
     if _lightning_whole(t):
@@ -396,16 +397,23 @@ def reduce(obj: Any) -> Any:
     return NotImplemented
 
 
-#: Lightning classes (``lightning.pytorch.`` or ``pytorch_lightning.`` + module, class) saved whole
-_LIGHTNING_WHOLE = frozenset({("core.module", "LightningModule"), ("utilities.combined_loader", "_ModeIterator"),
-                              ("callbacks.progress.tqdm_progress", "TQDMProgressBar")})
+#: Lightning classes saved whole: (module under ``lightning.``, class); ``pytorch_lightning`` and
+#: ``lightning_fabric`` are the same modules under their older names
+_LIGHTNING_WHOLE = frozenset({
+    ("pytorch.core.module", "LightningModule"),  # its trainer
+    ("pytorch.utilities.combined_loader", "_ModeIterator"),  # its DataLoader iterators
+    ("pytorch.callbacks.progress.tqdm_progress", "TQDMProgressBar"),  # its bars
+    ("fabric.loggers.tensorboard", "TensorBoardLogger"),  # its SummaryWriter, flushed by the checkpoint
+    ("pytorch.loggers.wandb", "WandbLogger"),  # its W&B run, continued (wandb_runs.py), not a second one
+})
+_LIGHTNING_PACKAGES = (("lightning.", ""), ("pytorch_lightning.", "pytorch."), ("lightning_fabric.", "fabric."))
 
 
 def _lightning_whole(t: type) -> bool:
     for c in t.__mro__:
         module = c.__module__
-        for package in ("lightning.pytorch.", "pytorch_lightning."):
-            if module.startswith(package) and (module[len(package):], c.__name__) in _LIGHTNING_WHOLE:
+        for package, short in _LIGHTNING_PACKAGES:
+            if module.startswith(package) and (short + module[len(package):], c.__name__) in _LIGHTNING_WHOLE:
                 return True
     return False
 

@@ -62,17 +62,19 @@ def is_active_run(manager: Any) -> bool:
 
 
 def capture() -> Optional[dict[str, Any]]:
-    """mlflow's fluent state for the job's thread; None where the program never imported mlflow."""
+    """mlflow's fluent state for the job's thread; None where mlflow was not used (not imported,
+    or imported by a library and left alone)."""
     fluent = sys.modules.get(_FLUENT)
     if fluent is None:
         return None
     tracking = sys.modules.get("mlflow.tracking._tracking_service.utils")
     registry = sys.modules.get("mlflow.tracking._model_registry.utils")
-    return {"runs": list(_get(fluent._active_run_stack) or ()),
-            "last_run_id": _get(getattr(fluent, "_last_active_run_id", None)),
-            "experiment_id": getattr(fluent, "_active_experiment_id", None),
-            "tracking_uri": getattr(tracking, "_tracking_uri", None),
-            "registry_uri": getattr(registry, "_registry_uri", None)}
+    state = {"runs": list(_get(fluent._active_run_stack) or ()),
+             "last_run_id": _get(getattr(fluent, "_last_active_run_id", None)),
+             "experiment_id": getattr(fluent, "_active_experiment_id", None),
+             "tracking_uri": getattr(tracking, "_tracking_uri", None),
+             "registry_uri": getattr(registry, "_registry_uri", None)}
+    return state if any(v for v in state.values()) else None
 
 
 def apply(saved: Optional[dict[str, Any]]) -> None:
@@ -92,10 +94,12 @@ def apply(saved: Optional[dict[str, Any]]) -> None:
 
 
 def stopped() -> None:
-    """The process stops for a preemption: what mlflow queued to log asynchronously is sent first."""
+    """The process stops for a preemption: what mlflow queued to log asynchronously for the job's
+    active runs is sent first (without one, nothing: asking for the store would make one, e.g. an
+    ``mlflow.db`` in the job's folder, where a library merely imported mlflow)."""
     fluent = sys.modules.get(_FLUENT)
     flush = getattr(fluent, "flush_async_logging", None)
-    if flush is None:
+    if flush is None or not _get(fluent._active_run_stack):
         return
     try:
         flush()
