@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import PYTHON, SCRIPTS, Launcher, pick_stops, run_chain, trace_of
+from harness import PYTHON, SCRIPTS, pick_stops, run_chain, trace_of
 
 pytest.importorskip("lightning", reason="the Lightning test needs the trainers extra (lightning)")
 
@@ -39,13 +39,6 @@ def _flat(value, out: str, path: str = "") -> dict:
     if isinstance(value, torch.Tensor):
         return {path: (value.dtype, tuple(value.shape), value.flatten().tolist())}
     return {path: value.replace(out, "<out>") if isinstance(value, str) else value}
-
-
-@pytest.fixture(scope="module")
-def launcher():
-    lau = Launcher()
-    yield lau
-    lau.close()
 
 
 @pytest.mark.parametrize("seed", [2])

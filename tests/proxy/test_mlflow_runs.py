@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import EXIT_PREEMPTED, SCRIPTS, Launcher, pick_stops, run_chain, trace_of
+from harness import EXIT_PREEMPTED, SCRIPTS, pick_stops, run_chain, trace_of
 
 pytest.importorskip("mlflow", reason="the MLflow test needs the test extra (mlflow-skinny)")
 
@@ -36,13 +36,6 @@ def tracked(out: Path) -> dict:
         "metrics": {key: [(m.step, m.value) for m in client.get_metric_history(r.info.run_id, key)]
                     for key in r.data.metrics},
     } for r in runs}
-
-
-@pytest.fixture(scope="module")
-def launcher():
-    lau = Launcher()
-    yield lau
-    lau.close()
 
 
 @pytest.mark.parametrize("seed", [4])

@@ -9,18 +9,11 @@ from __future__ import annotations
 import pytest
 
 from backend.proxy.engine import wandb_runs
-from harness import EXIT_PREEMPTED, SCRIPTS, Launcher, pick_stops, run_chain, trace_of
+from harness import EXIT_PREEMPTED, SCRIPTS, pick_stops, run_chain, trace_of
 
 pytest.importorskip("wandb", reason="the W&B test needs the test extra (wandb)")
 
 from wandb_records import logged  # noqa: E402
-
-@pytest.fixture(scope="module")
-def launcher():
-    lau = Launcher()
-    yield lau
-    lau.close()
-
 
 @pytest.mark.parametrize("seed, steps", [(3, "implicit"), (11, "explicit")])
 def test_run_goes_on_with_the_same_id_steps_and_values(launcher, tmp_path, seed, steps):

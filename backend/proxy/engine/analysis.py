@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import importlib.util
 import symtable
 from typing import Iterable, Iterator, Optional
 
@@ -308,11 +309,10 @@ def names_of_modules(tree: ast.AST, module: str, modules: frozenset[str]) -> set
     package = module.rpartition(".")[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".") if package else []
-                parent = ".".join(parts[:len(parts) - (node.level - 1)]) if node.level - 1 <= len(parts) else ""
-                base = f"{parent}.{base}".strip(".") if base else parent
+            try:
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+            except (ImportError, ValueError):  # beyond the top-level package: it cannot import one
+                continue
             for alias in node.names:
                 if f"{base}.{alias.name}" in modules:
                     found.add(alias.asname or alias.name)
