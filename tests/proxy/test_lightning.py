@@ -1,5 +1,6 @@
-"""Lightning's ``Trainer.fit`` is stopped inside its epoch loop and resumed exactly: the modules
-from ``trainer.fit(...)`` down to the epoch loop are rewritten by default (libraries.py), and the
+"""Lightning's ``Trainer.fit`` is stopped inside its epoch loop, its validation loop and its
+sanity check and resumed exactly: the modules from ``trainer.fit(...)`` down to the epoch and
+validation loops are rewritten by default (libraries.py), and the
 objects Lightning pickles without what a spawned process could not take (the model's trainer,
 the DataLoader iterators of its combined loader) are saved whole."""
 from __future__ import annotations
@@ -51,7 +52,12 @@ def test_fit_resumes_exactly_inside_its_epoch_loop(launcher, tmp_path, seed):
     assert outputs(tmp_path / "base") == outputs(tmp_path / "plain")
     inside = [t for t in trace if t["kind"] == "loop" and "run" in t.get("functions", [])]
     assert inside, "no safe point inside Trainer.fit's loops"
-    stops = pick_stops(inside, seed, extra=2)
+    # the sanity check runs inside `with isolate_rng():`, which puts back the generators it found
+    sanity = [t["step"] for t in trace if "_run_sanity_check" in t.get("functions", [])]
+    validating = [t["step"] for t in trace if t["kind"] == "loop"
+                  and t.get("functions", [])[-2:] == ["_decorator", "run"] and t["step"] > sanity[-1]]
+    assert sanity and validating, "no safe point inside the sanity check or the validation loop"
+    stops = sorted({*pick_stops(inside, seed, extra=1), sanity[len(sanity) // 2], validating[len(validating) // 2]})
     out, runs = run_chain(launcher, [str(SCRIPT)], stops, tmp_path / "ck",
                           script_args=["--out", str(tmp_path / "chain")])
     assert out == plain.stdout, runs[-1].describe()

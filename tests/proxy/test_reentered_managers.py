@@ -154,3 +154,50 @@ def test_a_context_manager_class_of_the_job_is_entered_and_exited_once(launcher,
     for seed in (1, 2):
         out, _ = run_chain(launcher, [str(script)], pick_stops(trace, seed, extra=2), tmp_path / f"ck{seed}")
         assert out == base.stdout, seed
+
+
+FORKED_GENERATORS = """
+import random
+import numpy as np
+import torch
+
+def validate(model):
+    # random crops in evaluation must not move the training's generators
+    with torch.random.fork_rng(), torch.no_grad():
+        total = 0.0
+        for batch in range(3):
+            total += model(torch.randn(2, 4) * torch.rand(1)).sum().item()
+            print("  val", batch, total.hex())
+    return total
+
+def main():
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for epoch in range(3):
+        for step in range(3):
+            loss = model(torch.randn(5, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        val = validate(model)
+        print(epoch, loss.item().hex(), val.hex(), random.random(), np.random.rand())
+
+main()
+"""
+
+
+def test_a_manager_that_puts_the_generators_back_finds_what_it_found_first(launcher, tmp_path):
+    """``with torch.random.fork_rng():`` (and Lightning's ``isolate_rng`` around its sanity check)
+    puts back at its end the generators it found when entered. A restore enters it again before
+    the checkpoint's generators are set, so it put back a fresh process's: every draw after the
+    block differed. The checkpoint records what it found (runtime.py's `with_ctx`)."""
+    script = tmp_path / "fork.py"
+    script.write_text(textwrap.dedent(FORKED_GENERATORS))
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    inside = [t["step"] for t in trace if t["kind"] == "loop" and "validate" in t.get("functions", [])]
+    assert len(inside) >= 9, trace
+    out, runs = run_chain(launcher, [str(script)], [inside[1], inside[5], inside[-2]], tmp_path / "ck")
+    assert out == base.stdout, runs[-1].describe()

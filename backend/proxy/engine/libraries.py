@@ -50,9 +50,11 @@ from .rewrite import RT, rewrite_library
 #: iterates through a generator, made resumable by `shard_iterators`.
 DEFAULT_MODULES: tuple[str, ...] = (
     "transformers.trainer",
-    # Lightning's Trainer.fit down to its epoch loop (``lightning`` and the older ``pytorch_lightning``)
+    # Lightning's Trainer.fit down to its epoch loop and its validation loop, which runs through the
+    # no-grad decorator of loops.utilities (``lightning`` and the older ``pytorch_lightning``)
     *(f"{package}.{module}" for package in ("lightning.pytorch", "pytorch_lightning")
-      for module in ("trainer.trainer", "trainer.call", "loops.fit_loop", "loops.training_epoch_loop")),
+      for module in ("trainer.trainer", "trainer.call", "loops.fit_loop", "loops.training_epoch_loop",
+                     "loops.evaluation_loop", "loops.utilities")),
 )
 #: the environment variable naming extra modules (comma-separated); ``-`` first turns the defaults off
 ENV = REWRITE_MODULES_ENV

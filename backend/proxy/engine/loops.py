@@ -124,10 +124,12 @@ class IfFrame:
 class BlockFrame:
     """Frame of a ``with`` or ``try`` body; a context manager so Python pops it on any exit."""
 
-    __slots__ = ("rt", "node", "kind", "managers", "saved_files", "modes_before", "settings_before", "saved_held")
+    __slots__ = ("rt", "node", "kind", "managers", "saved_files", "modes_before", "settings_before", "saved_held",
+                 "rng_before")
 
     def __init__(self, rt: LoopHost, node: int, kind: str, saved_files: Optional[list] = None,
-                 modes_before: tuple = (None, None), saved_held: Optional[list] = None) -> None:
+                 modes_before: tuple = (None, None), saved_held: Optional[list] = None,
+                 rng_before: Optional[dict] = None) -> None:
         self.rt = rt
         self.node = node
         self.kind = kind
@@ -137,6 +139,8 @@ class BlockFrame:
         self.modes_before = modes_before  # grad mode and decimal context before a with statement (scoped_modes.py)
         #: process settings before the first context manager that switches some (scoped_modes.py)
         self.settings_before: Optional[dict] = None
+        #: item index -> the global generators before a manager that puts them back at its end (rng.forks)
+        self.rng_before = rng_before
 
     def __enter__(self) -> "BlockFrame":
         self.rt.stack.append(self)

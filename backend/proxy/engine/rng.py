@@ -55,6 +55,22 @@ def apply(state: Optional[RngState]) -> None:
         numpy.random.set_state(state["numpy"])
 
 
+#: ``@contextmanager`` functions that save the global generators when entered and set them back at
+#: their end: (module, name); Lightning's ``isolate_rng`` wraps its sanity check and learning-rate finder
+_FORKING = frozenset({("torch.random", "fork_rng"), ("lightning.pytorch.utilities.seed", "isolate_rng"),
+                      ("pytorch_lightning.utilities.seed", "isolate_rng")})
+
+
+def forks(manager: Any) -> bool:
+    """Whether a with statement's context manager puts back, at its end, the generators it found
+    when entered (``with torch.random.fork_rng():``). A restore enters it again, when the
+    generators are not yet the checkpoint's: it must find what it found the first time, which
+    the checkpoint records (runtime.py's `with_ctx`), or the run after the block draws from a
+    fresh process's generators."""
+    func = getattr(manager, "func", None)  # a @contextmanager's function (contextlib keeps it)
+    return func is not None and (getattr(func, "__module__", None), getattr(func, "__name__", None)) in _FORKING
+
+
 def equal(a: RngState, b: RngState) -> bool:
     """True when two snapshots describe the same generator positions (common parts only)."""
     if "torch" in a and "torch" in b:

@@ -260,7 +260,8 @@ class Runtime:
             return BlockFrame(DORMANT, node, "with")
         if self.restoring:
             rec, _ = self._take(node)
-            return BlockFrame(self, node, "with", rec.get("files"), scoped_modes.current(), rec.get("held"))
+            return BlockFrame(self, node, "with", rec.get("files"), scoped_modes.current(), rec.get("held"),
+                              rec.get("rng"))
         return BlockFrame(self, node, "with", None, scoped_modes.current())
 
     def enter_try(self, node: int) -> BlockFrame:
@@ -291,6 +292,11 @@ class Runtime:
             return held
         if frame.settings_before is None and process_settings.switches_settings(manager):
             frame.settings_before = scoped_modes.settings_now()  # what it will put back at its end
+        if rng.forks(manager):  # torch.random.fork_rng: what it will put back is what it finds now
+            if self.restoring and frame.rng_before and index in frame.rng_before:
+                rng.apply(frame.rng_before[index])  # the checkpoint's generators are set at the safe point
+            else:
+                frame.rng_before = {**(frame.rng_before or {}), index: rng.capture()}
         if not self.restoring or not isinstance(manager, io.IOBase):
             return manager
         line = self.program.nodes[node].line

@@ -565,6 +565,8 @@ def _records(rt: RuntimeView, entries: list, boundary: Optional[int], last: int,
             if frame.kind == "with":
                 rec["files"] = _with_files(frame, rec["line"], failures)
                 rec["held"] = _held_managers(frame, rec["line"], failures)
+                if frame.rng_before:
+                    rec["rng"] = frame.rng_before
                 failures.extend(CheckpointFailure(f"the with statement at line {rec['line']} holds {why}")
                                 for why in map(_not_reenterable, frame.managers) if why)
             records.append(rec)
@@ -642,11 +644,6 @@ def _not_reenterable(manager: Any) -> Optional[str]:
                 f"plain file")
     gen = getattr(manager, "gen", None)  # a @contextmanager's generator (its func is dropped on enter)
     frame = getattr(gen, "gi_frame", None)
-    if isinstance(manager, contextlib._GeneratorContextManager) and frame is not None and (
-            frame.f_globals.get("__name__"), gen.gi_code.co_name) == ("torch.random", "fork_rng"):
-        return ("torch.random.fork_rng(): it saved the RNG state when it was entered and restores it "
-                "at its end; a restore would enter it again and save another state. Take the "
-                "checkpoint outside it (e.g. keep the with statement inside the loop body)")
     own = _own_manager(manager, gen, frame)
     if own:
         return (f"{own}, a context manager of the job's own: stopping the job runs its exit, and a restore "
