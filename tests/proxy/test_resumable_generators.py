@@ -148,3 +148,39 @@ def test_a_generator_of_another_shape_fails_the_checkpoint_naming_it_and_the_job
     [failed] = [d for _, d in run.events("checkpoint_failed")]
     assert failed["variables"] == [["checked", "generator"]], failed
     assert "generator from lenient()" in failed["error"] and "no yield in its `except`" in failed["error"]
+
+
+UNSTARTED_AT_THE_FIRST_STOP = """
+import sys
+from tqdm import tqdm
+
+epoch = 0
+
+def batches(n):
+    global epoch  # a global statement: a generator generator_rewrite leaves as it is
+    for i in range(n):
+        yield i * i
+    epoch += 1
+
+for i in tqdm(range(12), file=sys.stderr):
+    print("bar", i)
+for value in batches(12):
+    print("gen", value, epoch)
+print("epochs", epoch)
+"""
+
+
+def test_a_loop_stopped_before_its_first_item_keeps_its_place_at_the_next_stop(launcher, tmp_path):
+    """A loop over ``tqdm(...)`` (whose ``__iter__`` is a generator of tqdm's) or over a generator
+    of the program that is not rewritten, stopped at its first safe point, before any item was
+    taken, then again later: the second restore started the loop again from its first item, a
+    silent difference. The unstarted generator was saved as itself, and that description of the
+    loop was kept after the restore, when the generator had moved on."""
+    target = _script(tmp_path, "bars.py", UNSTARTED_AT_THE_FIRST_STOP)
+    base, trace = trace_of(launcher, target, tmp_path)
+    for line in ("bar", "gen"):
+        loop_line = next(i for i, x in enumerate(UNSTARTED_AT_THE_FIRST_STOP.splitlines(), 1)
+                         if x.startswith("for ") and f'"{line}"' in UNSTARTED_AT_THE_FIRST_STOP.splitlines()[i])
+        steps = [t["step"] for t in trace if t["kind"] == "loop" and t["line"] == loop_line]
+        out, runs = run_chain(launcher, target, [steps[0], steps[4]], tmp_path / f"ck-{line}")
+        assert out == base.stdout, runs[-1].describe()

@@ -385,7 +385,7 @@ def refuse_drawn_after_restore(desc: dict, digests: dict[int, item_digest.Digest
 
 def _may_be_replayed(leaf: Leaf) -> bool:
     """Whether a restore may re-create this leaf and skip the items taken (not pickle it)."""
-    if resumable_generators.is_resumable(leaf.iterator if leaf.kind == "iterable" else leaf.value):
+    if resumable_generators.keeps_place(leaf.iterator if leaf.kind == "iterable" else leaf.value):
         return False  # saved where it stopped
     if leaf.kind == "iterable" or (leaf.kind == "dataloader" and leaf.mode == "replay"):
         return True
@@ -441,7 +441,7 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
                 return {"how": "pickled", "index": leaf.index, "iterator": leaf.iterator}
             return {"how": "dataloader", "index": leaf.index, "loader": leaf.value, "mode": leaf.mode}
         if leaf.kind == "iterable":
-            if resumable_generators.is_resumable(leaf.iterator):  # `__iter__` is such a generator
+            if resumable_generators.keeps_place(leaf.iterator):  # `__iter__` is such a generator
                 return {"how": "pickled", "index": leaf.index, "iterator": leaf.iterator}
             refuse_draws(leaf, text, loader=False)
             return {"how": "iterable", "index": leaf.index, "iterable": leaf.value}
@@ -453,7 +453,7 @@ def describe(source: LoopSource, leaf_texts: Sequence[str], reevaluable: Sequenc
         if isinstance(leaf.value, types.GeneratorType):
             # one of the program's generators that generator_rewrite made resumable is saved as
             # it stands (its loops' iterators with it); any other cannot be pickled
-            error: Optional[str] = None if resumable_generators.is_resumable(leaf.value) else \
+            error: Optional[str] = None if resumable_generators.keeps_place(leaf.value) else \
                 "generators cannot be pickled"
         else:
             error = probe(leaf.value)

@@ -101,6 +101,14 @@ def is_resumable(obj: Any) -> bool:
     return isinstance(obj, types.GeneratorType) and reduce(obj) is not None
 
 
+def keeps_place(gen: Any) -> bool:
+    """Whether every checkpoint can save ``gen`` where it is: a generator generator_rewrite
+    rewrote, or a finished one. An unstarted generator of any other function pickles too (it is
+    made again from its arguments), but a loop's description is kept across restores, and once
+    the loop takes an item from it no later checkpoint could (`tqdm(loader)`'s ``__iter__``)."""
+    return is_resumable(gen) and (gen.gi_frame is None or STATE in gen.gi_code.co_varnames)
+
+
 def reduce(gen: types.GeneratorType) -> Optional[tuple]:
     """How to pickle ``gen``; None when it cannot be (not rewritten, or running)."""
     frame = gen.gi_frame
@@ -112,7 +120,8 @@ def reduce(gen: types.GeneratorType) -> Optional[tuple]:
     if func is None:
         return None
     pending = _RESUMING.get(id(frame))
-    if pending is not None and pending[0] is gen:  # restored, not started again yet
+    if pending is not None and pending[0] is gen and inspect.getgeneratorstate(gen) == inspect.GEN_CREATED:
+        # restored, not started again yet
         saved = pending[1]
         return resume, (func, saved.local_values, saved.at, saved.loops, saved.managers)
     values = frame.f_locals
@@ -161,7 +170,8 @@ def resume(func: types.FunctionType, local_values: dict, at: int, loops: dict, m
         extra = names[positional + kwonly + bool(code.co_flags & inspect.CO_VARARGS)]
         kwargs.update(local_values.get(extra, {}))
     gen = func(*args, **kwargs)
-    _RESUMING[id(gen.gi_frame)] = (gen, _Saved(local_values, at, loops, managers))
+    if STATE in code.co_varnames:  # its first next() takes the saved state (`begin`); no other does
+        _RESUMING[id(gen.gi_frame)] = (gen, _Saved(local_values, at, loops, managers))
     return gen
 
 
