@@ -134,3 +134,70 @@ def test_an_accumulation_longer_than_the_patience_is_waited_for_not_cut(launcher
         assert "cut_graphs" not in started and started["step"] > step + 50, started
         resumed = launcher.run(target + ["--checkpoint-dir", str(ck), "--restore"])
         assert resumed.rc == 0 and stopped.stdout + resumed.stdout == base.stdout, resumed.describe()
+
+
+HELD_DEEPER = """
+import torch, torch.nn as nn
+
+class Policy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        self.saved_log_probs = []                # REINFORCE keeps an episode's log-probs here
+
+    def forward(self, x):
+        return torch.log_softmax(self.fc(x), dim=-1)
+
+class Trainer:
+    def __init__(self, model):
+        self.model, self.accum_loss = model, 0.0
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def micro_step(self, i):                     # gradient accumulation on an attribute
+        self.accum_loss = self.accum_loss + self.model(torch.ones(1, 4) * i)[0, 0] / 4
+        if i % 4 == 3:
+            self.opt.zero_grad(); (-self.accum_loss).backward(); self.opt.step()
+            print("accumulated", i, f"{self.accum_loss.item():.6f}")
+            self.accum_loss = 0.0
+
+torch.manual_seed(0)
+policy = Policy()
+opt = torch.optim.SGD(policy.parameters(), lr=0.05)
+for episode in range(3):
+    saved = []                                   # and (log_prob, reward) tuples in a local list
+    for t in range(6):
+        log_probs = policy(torch.randn(1, 4))
+        action = torch.multinomial(log_probs.exp(), 1).item()
+        policy.saved_log_probs.append(log_probs[0, action])
+        saved.append((log_probs[0, 1 - action], float(t)))
+    loss = -torch.stack(policy.saved_log_probs).sum() + sum(lp * r for lp, r in saved)
+    opt.zero_grad(); loss.backward(); opt.step()
+    del policy.saved_log_probs[:]
+    print("episode", episode, f"{loss.item():.6f}", policy.fc.weight.flatten().tolist())
+trainer = Trainer(policy)
+for i in range(12):
+    trainer.micro_step(i)
+"""
+
+
+def test_a_graph_held_in_an_attribute_or_a_nested_list_defers_the_checkpoint_too(launcher, tmp_path):
+    """Graphs the variables hold only through an object's attribute or a list of tuples: the save
+    meets them and stops, the request waits for the backward(), and the run resumes exactly.
+    Before, the checkpoint was taken at once and the restored run lost those steps' updates."""
+    script = tmp_path / "deep.py"
+    script.write_text(textwrap.dedent(HELD_DEEPER))
+    target = [str(script)]
+    base, trace = trace_of(launcher, target, tmp_path)
+    lines = HELD_DEEPER.splitlines()
+    episode_steps = next(i for i, x in enumerate(lines, 1) if x.startswith("    for t in range(6)"))
+    micro_steps = next(i for i, x in enumerate(lines, 1) if x.startswith("for i in range(12)"))
+    requested = [t["step"] for t in trace if t["kind"] == "loop" and t["line"] == episode_steps][3::7] + \
+                [t["step"] for t in trace if t["kind"] == "loop" and t["line"] == micro_steps][1:2]
+    for step in requested:
+        ck = tmp_path / f"ck-{step}"
+        stopped = launcher.run(target + ["--checkpoint-dir", str(ck), "--stop-at-step", str(step)])
+        assert stopped.rc == EXIT_PREEMPTED, stopped.describe()
+        [at] = [d["step"] for _, d in stopped.events("stopped")]
+        assert at > step and not stopped.events("checkpoint_failed"), stopped.describe()
+        resumed = launcher.run(target + ["--checkpoint-dir", str(ck), "--restore"])
+        assert resumed.rc == 0 and stopped.stdout + resumed.stdout == base.stdout, (step, at, resumed.describe())

@@ -18,19 +18,32 @@ exactly; one that does fails there, loudly, instead of updating nothing. A safe 
 held graph has *grown* from the one held at the last (`grows`: ``total = total + loss`` over many
 micro-batches, losses appended to a list) does not count against the safe points' patience, only
 against the seconds': an accumulation of more than 50 micro-batches is waited for, not cut.
+
+The variables are looked at first, cheaply (`in_use`: a tensor, or one directly in a list, tuple
+or dict). A graph held deeper (REINFORCE's ``policy.saved_log_probs.append(m.log_prob(a))``, a
+trainer's ``self.accum_loss``, a list of ``(log_prob, value)`` tuples) is found by the save
+itself, which meets every tensor it writes (`watching`, `check_saved`): it raises `GraphFound`,
+the checkpoint is not taken, and the request waits as above (taking.py).
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from typing import Any, Iterable, Iterator, NamedTuple, Optional
 
+from ..checkpoint.errors import CheckpointFailure
 from . import lazy
 
 #: a request waits this many safe points, or seconds, for one without graphs before cutting them
 PATIENCE_SAFE_POINTS = 50
 PATIENCE_S = 30.0
 _CUT: contextvars.ContextVar[Optional[dict[int, str]]] = contextvars.ContextVar("sg_cut_graphs", default=None)
+#: while a checkpoint is saved: whether a tensor in use that no variable holds directly is cut
+#: (True: patience is over) or stops the save (False); None outside a save (a probe's pickling)
+_WATCH: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar("sg_watch_graphs", default=None)
+#: what labels a tensor found by the save: it was reached through some object of the state
+DEEP_LABEL = "a tensor inside an object or a nested container of the program's state"
 
 
 class GraphsHeld(NamedTuple):
@@ -97,11 +110,63 @@ def in_use(scopes: Iterable[tuple[str, dict]]) -> Optional[GraphsHeld]:
                 keep.extend(found)
     if not labels:
         return None
-    why = (f"{', '.join(labels)} hold{'s' if len(labels) == 1 else ''} a tensor whose autograd graph is still to "
-           f"be backpropagated, and a checkpoint saves values, not graphs (a restored one would reach no "
-           f"parameter). Checkpoints wait for a safe point after backward(); evaluate under "
-           f"torch.no_grad() or keep loss.item() for logging so that one comes")
-    return GraphsHeld(why, tensors, keep)
+    return GraphsHeld(_why(labels), tensors, keep)
+
+
+def _why(labels: list[str]) -> str:
+    return (f"{', '.join(labels)} hold{'s' if len(labels) == 1 else ''} a tensor whose autograd graph is still to "
+            f"be backpropagated, and a checkpoint saves values, not graphs (a restored one would reach no "
+            f"parameter). Checkpoints wait for a safe point after backward(); evaluate under "
+            f"torch.no_grad() or keep loss.item() for logging so that one comes")
+
+
+class GraphFound(CheckpointFailure):
+    """Raised by the checkpoint's save at a tensor whose graph is still to be used (`check_saved`)."""
+
+    def __init__(self, tensor: Any) -> None:
+        super().__init__(_why([f"{DEEP_LABEL} ({_describe(tensor)})"]))
+        self.held = GraphsHeld(str(self), {id(tensor): DEEP_LABEL}, [tensor])
+        self.tensor_ref = weakref.ref(tensor)
+
+
+def _describe(t: Any) -> str:
+    fn = type(t.grad_fn).__name__
+    return f"shape {tuple(t.shape)}, made by {fn}"
+
+
+def still_held(found: Optional[Any]) -> Optional[GraphsHeld]:
+    """The tensor a save found (a weak reference, `GraphFound.tensor_ref`) while its graph is still
+    to be used: the next save would stop at it again, so none is tried (a big state would be
+    pickled at every safe point of an accumulation for nothing)."""
+    t = found() if found is not None else None
+    if t is None or t.grad_fn is None or not _graph_in_use(t):
+        return None
+    return GraphsHeld(_why([f"{DEEP_LABEL} ({_describe(t)})"]), {id(t): DEEP_LABEL}, [t])
+
+
+@contextlib.contextmanager
+def watching(cut_all: Optional[bool]) -> Iterator[None]:
+    """While a checkpoint's state is saved: `check_saved` looks at each tensor it writes (None:
+    it does not, for a probe's pickling inside the save)."""
+    token = _WATCH.set(cut_all)
+    try:
+        yield
+    finally:
+        _WATCH.reset(token)
+
+
+def check_saved(t: Any) -> Optional[tuple]:
+    """For a tensor with a graph that the save meets: raise `GraphFound` when its graph is still
+    to be used, or return the reduction that cuts it once patience is over; None: save it as usual."""
+    cut = _CUT.get()
+    if cut and id(t) in cut:
+        return _cut_tensor, (t.detach(), cut[id(t)])
+    watch = _WATCH.get()
+    if watch is None or not _graph_in_use(t):
+        return None
+    if watch:
+        return _cut_tensor, (t.detach(), DEEP_LABEL)
+    raise GraphFound(t)
 
 
 def nodes(held: GraphsHeld) -> list:
@@ -145,20 +210,12 @@ def patience_over(deferred: int, waited_s: float) -> bool:
 
 @contextlib.contextmanager
 def cutting(held: GraphsHeld) -> Iterator[None]:
-    """While a checkpoint is taken: `cut_reduction` saves ``held``'s tensors with their graphs cut."""
+    """While a checkpoint is taken: `check_saved` saves ``held``'s tensors with their graphs cut."""
     token = _CUT.set(held.tensors)
     try:
         yield
     finally:
         _CUT.reset(token)
-
-
-def cut_reduction(t: Any) -> Optional[tuple]:
-    """How the checkpoint saves ``t`` when its graph is being cut, else None (saved as usual)."""
-    cut = _CUT.get()
-    if not cut or id(t) not in cut:
-        return None
-    return _cut_tensor, (t.detach(), cut[id(t)])
 
 
 def _cut_tensor(values: Any, label: str) -> Any:

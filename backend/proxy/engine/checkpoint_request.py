@@ -25,6 +25,9 @@ class CheckpointRequest:
     deferred: int = 0
     #: the graph nodes held at the last of them (autograd_graphs.nodes), to tell growth
     graph_nodes: Optional[list[Any]] = field(default=None, repr=False, compare=False)
+    #: a weak reference to the tensor deep in the state whose graph stopped the last save
+    #: (autograd_graphs.GraphFound): while its graph is still to be used, no save is tried
+    deep_graph: Optional[Any] = field(default=None, repr=False, compare=False)
 
 
 def merge(a: Optional[CheckpointRequest], b: CheckpointRequest) -> CheckpointRequest:
@@ -36,4 +39,5 @@ def merge(a: Optional[CheckpointRequest], b: CheckpointRequest) -> CheckpointReq
     return CheckpointRequest("stop" if upgrade else a.then, b.reason if upgrade else a.reason,
                              min(a.requested_at, b.requested_at), deadline=min(bounds) if bounds else None,
                              deferred=max(a.deferred, b.deferred),
-                             graph_nodes=a.graph_nodes if a.graph_nodes is not None else b.graph_nodes)
+                             graph_nodes=a.graph_nodes if a.graph_nodes is not None else b.graph_nodes,
+                             deep_graph=a.deep_graph if a.deep_graph is not None else b.deep_graph)

@@ -388,7 +388,8 @@ class _Sink:
 def probe(obj: Any) -> Optional[str]:
     """None if ``obj`` pickles with our pickler, else the error text."""
     try:
-        _ProbePickler(_Sink(), protocol=pickle.DEFAULT_PROTOCOL).dump(obj)
+        with autograd_graphs.watching(None):  # a graph in use stops the save, not a probe
+            _ProbePickler(_Sink(), protocol=pickle.DEFAULT_PROTOCOL).dump(obj)
         return None
     except Exception as e:
         return f"{type(e).__name__}: {e}"

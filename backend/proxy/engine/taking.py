@@ -27,13 +27,12 @@ def take(rt: RuntimeView, request: CheckpointRequest, boundary: Optional[int]) -
     wait_s = max(0.0, started - request.requested_at)
     label = rt.step if request.label is None else request.label
     held = graphs_in_use(rt)
+    deep = held is None and autograd_graphs.still_held(request.deep_graph)
+    held = held or deep or None
     cut = False
     if held is not None and ctl.world_size == 1:
-        growing = autograd_graphs.grows(held, request.graph_nodes)
-        request.graph_nodes = autograd_graphs.nodes(held)
-        cut = autograd_graphs.patience_over(request.deferred, wait_s)
+        cut = _cut_or_defer(rt, request, held, wait_s, deep=bool(deep))
         if not cut:  # wait for the next safe point
-            ctl.defer(request, held.why, counts=not growing)
             return
     depends_on = fingerprint.for_event()  # now, on the program's thread (see for_event)
     started_event = {"step": label, "reason": request.reason, "then": request.then}
@@ -45,11 +44,20 @@ def take(rt: RuntimeView, request: CheckpointRequest, boundary: Optional[int]) -
     try:
         if held is not None and not cut:  # several ranks must agree on a safe point: fail
             raise CheckpointFailure(held.why)
-        with autograd_graphs.cutting(held) if cut else contextlib.nullcontext():
+        # a graph deeper in the state than a variable stops the save (GraphFound) until patience is over
+        cut_deep = ctl.world_size == 1 and autograd_graphs.patience_over(request.deferred, wait_s)
+        with autograd_graphs.cutting(held) if cut else contextlib.nullcontext(), \
+                autograd_graphs.watching(cut_deep):
             if behind:  # snapshot now; write and report behind the loop
                 snap, nbytes, rebuilt = write_checkpoint(rt, boundary, label, snapshot=True)
             else:
                 ref, nbytes, rebuilt = write_checkpoint(rt, boundary, label)
+    except autograd_graphs.GraphFound as e:
+        if ctl.world_size == 1:  # not taken: the request waits for the next safe point
+            request.deep_graph = e.tensor_ref
+            _cut_or_defer(rt, request, e.held, wait_s, deep=True)
+            return
+        failure = {"error": str(e), "variables": []}
     except CheckpointFailure as e:
         failure = {"error": str(e), "variables": e.variables}
     except Exception as e:  # disk full, permissions...: report, keep running
@@ -70,6 +78,20 @@ def take(rt: RuntimeView, request: CheckpointRequest, boundary: Optional[int]) -
         rt.preempting = True
         rt.preempted_exc = Preempted(ref)
         raise rt.preempted_exc
+
+
+def _cut_or_defer(rt: RuntimeView, request: CheckpointRequest, held: autograd_graphs.GraphsHeld,
+                  wait_s: float, deep: bool = False) -> bool:
+    """A safe point where graphs still to be used are held: True when the request has waited
+    long enough to take the checkpoint with them cut, else deferred to the next safe point.
+    ``deep``: found by a save, which stops at the first one (a list of log-probs growing over an
+    episode shows as one tensor): only the seconds' patience counts."""
+    growing = deep or autograd_graphs.grows(held, request.graph_nodes)
+    request.graph_nodes = autograd_graphs.nodes(held)
+    if autograd_graphs.patience_over(request.deferred, wait_s):
+        return True
+    rt.ctl.defer(request, held.why, counts=not growing)
+    return False
 
 
 def writes_behind(rt: RuntimeView, request: CheckpointRequest) -> bool:

@@ -104,11 +104,12 @@ def _next_hook_id() -> int:
 
 def note_tensor(t: Any) -> Optional[tuple]:
     """Called by the picklers for every tensor they write (once per tensor); returns the
-    reduction to save it with instead, when its autograd graph is being cut (autograd_graphs.py)."""
+    reduction to save it with instead, when its autograd graph is being cut; raises
+    `autograd_graphs.GraphFound` when a save meets a graph still to be used (autograd_graphs.py)."""
     tail = _NOTES.get()
     if tail is not None:
         tail.note_tensor(t)
-    return autograd_graphs.cut_reduction(t) if t.grad_fn is not None else None
+    return autograd_graphs.check_saved(t) if t.grad_fn is not None else None
 
 
 def note_kept_iterator(loader: Any, it: Any) -> None:
