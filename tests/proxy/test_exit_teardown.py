@@ -212,3 +212,42 @@ def test_a_del_at_exit_reads_the_scripts_globals_after_running_checkpoints(launc
     run = (launcher if how == "forked" else fresh_launcher).run(args + (["--write-in-line"] if write == "in-line" else []))
     assert run.rc == 0 and run.events("checkpointed"), run.describe()
     assert run.stdout == plain.stdout and "NameError" not in run.stderr, run.describe()
+
+
+TEE = """
+import os
+import sys
+
+class Tee:  # everything printed goes to the console and to a log file, fsynced at each flush
+    def __init__(self, path):
+        self.console, self.file = sys.stdout, open(path, "w")
+
+    def write(self, msg):
+        self.console.write(msg)
+        self.file.write(msg)
+
+    def flush(self):
+        self.console.flush()
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+sys.stdout = Tee(os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.log"))
+for epoch in range(6):
+    print("epoch", epoch)
+"""
+
+
+def test_a_tee_of_the_programs_own_as_stdout_is_flushed_before_its_globals_go(launcher, tmp_path):
+    """``sys.stdout = Tee(...)`` whose ``flush`` calls ``os.fsync``: the engine let go of
+    ``__main__`` before the streams were flushed, so the flush found no ``os`` and the process
+    ended with status 120 where plain Python ends with 0."""
+    script = tmp_path / "tee.py"
+    script.write_text(textwrap.dedent(TEE))
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0 and (tmp_path / "train.log").read_text() == plain.stdout
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    assert base.stdout == plain.stdout and "Exception ignored" not in base.stderr, base.describe()
+    assert (tmp_path / "train.log").read_text() == plain.stdout
+    out, runs = run_chain(launcher, [str(script)], [t["step"] for t in trace if t["kind"] == "loop"][2:4],
+                          tmp_path / "ck")
+    assert out == plain.stdout and runs[-1].rc == 0, runs[-1].describe()

@@ -165,6 +165,7 @@ def _let_go_like_the_interpreter(namespace: dict) -> None:
     Clearing the dict by hand, as this did, emptied it first (``NameError`` in ``__del__``); it
     is still the fallback if something else holds the namespace."""
     finalizers.run_at_exit()  # weakref.finalize(..., atexit=True): its own handler runs before modules go
+    _flush_standard_streams()  # as CPython does before it clears modules: a program's Tee still has its globals
     vars(builtins).update(library_patches.PRISTINE_BUILTINS)
     witness = _Witness()
     namespace[WITNESS] = witness
@@ -180,8 +181,21 @@ def _let_go_like_the_interpreter(namespace: dict) -> None:
             if isinstance(holder, dict) and holder.get(WITNESS) is witness:
                 holder.clear()
                 gc.collect()
-    for stream in (sys.stdout, sys.stderr):
+    _flush_standard_streams(after_clearing=True)
+
+
+def _flush_standard_streams(after_clearing: bool = False) -> None:
+    """Flush ``sys.stdout`` and ``sys.stderr``. After the namespace was cleared by hand, a stream
+    of the program's own (``sys.stdout = Tee("log.txt")``, whose ``flush`` calls ``os.fsync``)
+    may fail for want of its globals: it is then replaced by the interpreter's original, as CPython
+    puts those back before it clears modules, so that the interpreter's own last flush does not
+    fail and end the process with status 120."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
         try:
             stream.flush()
         except (AttributeError, OSError, ValueError):
             pass
+        except Exception:  # noqa: BLE001 - the program's flush, missing what the clearing took
+            if after_clearing:
+                setattr(sys, name, getattr(sys, f"__{name}__"))
