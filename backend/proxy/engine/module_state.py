@@ -8,7 +8,8 @@ imported from the job's folder (any depth, also through a ``sys.path`` entry suc
 ``site-packages``, hidden folders or the service's own packages) or found by its name on
 ``sys.path`` outside every library folder (a shared utilities checkout, a source tree on
 ``PYTHONPATH``), its data globals, in the same pickle graph as the program's variables (objects
-they share stay shared), and the restore sets them again after the load.
+they share stay shared), and the restore sets them again after the load. The import itself
+comes first in the load, with its output dropped (`Imports`).
 
 Not recorded: names starting with ``__`` (but ``__warningregistry__``, where a module's
 ``warnings.warn`` calls remember what they have shown once: see `_current_warnings_version`), modules, and the functions and classes the module
@@ -24,6 +25,7 @@ left out with a ``RuntimeWarning`` naming it, once.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib
 import os
@@ -152,6 +154,34 @@ def _function_state(fn: types.FunctionType) -> Optional[tuple]:
     if attributes or not all(isinstance(v, _PLAIN_DEFAULTS) for v in (*defaults, *kwdefaults.values())):
         return fn.__defaults__, fn.__kwdefaults__, attributes
     return None
+
+
+class Imports:
+    """The job's modules, imported again by the load as soon as it meets this (an early entry of
+    the graph), with their output dropped. A restore imports them afresh, and their top-level code
+    runs again: a ``print`` or ``logger.info`` there printed again at every restore, and a
+    ``logging.FileHandler("train.log", mode="w")`` there truncated the log after the load had put
+    its saved contents back (the restored handler then wrote at its offset into an empty file).
+    Imported first, what they print is dropped (the run printed it before the checkpoint) and what
+    the load puts back (open files and their contents, logging handlers, the module globals)
+    comes after what their import did."""
+
+    def __init__(self, modules: Iterable[str]) -> None:
+        self.names = sorted(modules)
+
+    def __reduce__(self) -> tuple:
+        return _import_quietly, (self.names,)
+
+
+def _import_quietly(names: list[str]) -> None:
+    for name in names:
+        if name in sys.modules:
+            continue
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - `apply` imports it again and says what failed
+                pass
 
 
 def capture(folders: Iterable[str], probe: Callable[[Any], Optional[str]],

@@ -940,6 +940,8 @@ def _graph(rt: RuntimeView, position: list[dict], namespace: dict, saved_locals:
         "process_group": libraries.ProcessGroupMarker.now(),
         "folder": context.carried_folder(),  # before any open file: the load rolls the folder back first
         "import_path": context.import_path(),  # before anything pickled by reference: its module may need it
+        # the job's modules, imported quietly before any file or logging handler is put back
+        "imports": module_state.Imports(job[1]),
         # default dtype, print options, logging...: put back on restore
         "process": process_settings.capture(probe_setting, _redirected_streams(rt)),
         "hydra": hydra_state.capture(),  # HydraConfig.get(): @hydra.main's setup is not run again
