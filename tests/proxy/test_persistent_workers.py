@@ -34,6 +34,41 @@ for epoch in range(3):
     print("epoch", epoch, torch.rand(1).item(), flush=True)
 """
 
+DATASET_STATE = """
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+
+class Jittered(Dataset):
+    def __init__(self):
+        self.epoch, self.calls, self.rng = 0, 0, None
+
+    def set_epoch(self, epoch):  # in the job's copy: persistent workers never see it
+        self.epoch = epoch
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        self.calls += 1
+        return i + 100 * self.epoch + self.calls / 10 + float(self.rng.random())
+
+
+def seed_worker(worker_id):  # a numpy Generator per worker, as numpy advises
+    info = get_worker_info()
+    info.dataset.rng = np.random.default_rng(info.seed % 2**32)
+
+
+torch.manual_seed(0)
+data = Jittered()
+loader = DataLoader(data, batch_size=2, num_workers=2, persistent_workers=True, worker_init_fn=seed_worker)
+for epoch in range(3):
+    data.set_epoch(epoch)
+    for x in loader:
+        print(epoch, [round(v, 6) for v in x.tolist()], flush=True)
+"""
+
 STREAM_WITH_BREAK = """
 import random
 import torch
@@ -176,3 +211,15 @@ def test_an_ended_iterator_stays_ended_after_a_restore(launcher, tmp_path):
         return next(t["step"] for t in trace if t["kind"] == "loop" and t["line"] == line and t["loops"] == [k])
 
     _check(launcher, tmp_path, ENDED_THEN_NEXT, [lambda tr: [after(tr, 0), after(tr, 2)]])
+
+
+def test_the_state_of_the_workers_own_dataset_copies_resumes_too(launcher, tmp_path):
+    """A Dataset's generator set by ``worker_init_fn``, a counter it keeps and the epoch
+    ``set_epoch`` sets in the job (persistent workers never see it) live in the workers' copies. A
+    restore's new workers started from the job's copy: the epochs after it drew other numbers,
+    silently at an epoch's start, refused in its middle. The workers record those attributes with
+    their generators (worker_rng.py)."""
+    _check(launcher, tmp_path, DATASET_STATE, [
+        lambda tr: [_at(tr, 2, 0), _at(tr, 3, 2)],
+        lambda tr: [_at(tr, 1, 2), _at(tr, 2), _at(tr, 3, 0)],
+    ])

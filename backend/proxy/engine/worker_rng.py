@@ -1,4 +1,5 @@
-"""The random generators of persistent DataLoader workers, carried across a restore.
+"""The random generators of persistent DataLoader workers, and their Dataset's state, carried
+across a restore.
 
 A worker process seeds its generators once, when it starts. With ``persistent_workers=True`` it
 keeps them epoch after epoch, so what a random augmentation in ``__getitem__`` gives in epoch 3
@@ -106,29 +107,60 @@ class Recorder:
 
 
 # --------------------------------------------------------------------------- in the workers
-def _capture() -> bytes:
-    """The worker's generators, pickled; empty when they cannot be read (read back as missing)."""
+#: a worker's Dataset attributes of these types are recorded with its generators
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def _dataset_state(dataset: Any) -> dict[str, Any]:
+    """The attributes of the worker's own copy of the Dataset that its loading may change: plain
+    values (a counter, the epoch it last saw: ``set_epoch`` in the job does not reach persistent
+    workers) and random generators (``self.rng = np.random.default_rng(...)``, set in
+    ``__init__`` or by a ``worker_init_fn``). A restore's new workers start from the job's copy,
+    which has neither: the epoch after a restore drew other numbers, silently."""
+    out: dict[str, Any] = {}
+    np_random = sys.modules.get("numpy.random")
+    generators: tuple = (random.Random,) + ((np_random.Generator, np_random.RandomState) if np_random else ())
+    torch = sys.modules.get("torch")
+    for name, value in list(getattr(dataset, "__dict__", {}).items()):
+        if type(value) in _PLAIN or isinstance(value, generators):
+            out[name] = value
+        elif torch is not None and isinstance(value, torch.Generator) and value.device.type == "cpu":
+            out[name] = ("torch.Generator", value.get_state().numpy().tobytes())
+    return out
+
+
+def _capture(dataset: Any = None) -> bytes:
+    """The worker's generators and its Dataset's state, pickled; empty when they cannot be read
+    (read back as missing)."""
     try:
         import torch
 
         np_random = sys.modules.get("numpy.random")
         return pickle.dumps((torch.get_rng_state().numpy().tobytes(), random.getstate(),
-                             np_random.get_state() if np_random is not None else None),
+                             np_random.get_state() if np_random is not None else None,
+                             _dataset_state(dataset)),
                             protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001 - recording must never break the job's data loading
         return b""
 
 
-def _apply(payload: bytes) -> None:
+def _apply(payload: bytes, dataset: Any = None) -> None:
     import torch
 
-    t, py, np_state = pickle.loads(payload)
+    t, py, np_state, *rest = pickle.loads(payload)
     torch.set_rng_state(torch.frombuffer(bytearray(t), dtype=torch.uint8))
     random.setstate(py)
     if np_state is not None:
         import numpy.random
 
         numpy.random.set_state(np_state)
+    for name, value in (rest[0] if rest and dataset is not None else {}).items():
+        if isinstance(value, tuple) and value[:1] == ("torch.Generator",):
+            generator = getattr(dataset, name, None)
+            if isinstance(generator, torch.Generator):
+                generator.set_state(torch.frombuffer(bytearray(value[1]), dtype=torch.uint8))
+            continue
+        setattr(dataset, name, value)
 
 
 def worker_made_fetcher(fetcher: Any) -> Any:
@@ -146,8 +178,8 @@ def worker_made_fetcher(fetcher: Any) -> Any:
     worker = info.id
     tag, wanted = recorder.read(worker, OVERRIDE)
     if tag == epoch and wanted:
-        _apply(wanted)
-    now = _capture()
+        _apply(wanted, info.dataset)
+    now = _capture(info.dataset)
     recorder.write(worker, START, epoch, now)
     recorder.write(worker, LATEST, epoch, now)
     fetch = fetcher.fetch
@@ -156,7 +188,7 @@ def worker_made_fetcher(fetcher: Any) -> Any:
         try:
             return fetch(index)
         finally:
-            recorder.write(worker, LATEST, epoch, _capture())
+            recorder.write(worker, LATEST, epoch, _capture(info.dataset))
 
     fetcher.fetch = recording_fetch
     return fetcher
