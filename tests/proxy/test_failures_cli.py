@@ -147,7 +147,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(3):
             torch.save(torch.ones(2) * i, f"{tmp}/epoch{i}.pt")
-            print("tmp", i)
+            print("tmp", i, sorted(os.listdir(tmp)), torch.load(f"{tmp}/epoch0.pt").tolist())
+    print("removed", os.path.exists(tmp))
     for epoch in range(2):
         noise = torch.rand(1).item()
         with torch.random.fork_rng():
@@ -162,12 +163,12 @@ main()
 """
 
 
-def test_with_statements_a_restore_cannot_enter_again_fail_the_checkpoint_naming_them(launcher, tmp_path):
-    """A TemporaryDirectory (the stop removes it) resumed wrongly before: it now fails the
-    checkpoint taken inside it, naming it, and the program runs on; outside it the job stops.
-    torch.random.fork_rng (refused too, until a checkpoint recorded the generators it found) and
-    an ExitStack (refused until it was held across stops, with its callbacks and the file it
-    holds) resume inside: the chains equal the run."""
+def test_with_statements_a_restore_enters_again_resume_inside(launcher, tmp_path):
+    """With statements a restore enters again, once refused: a TemporaryDirectory (the stop's
+    exit removed it; now held across stops and saved with its files), torch.random.fork_rng
+    (until a checkpoint recorded the generators it found) and an ExitStack (until it was held
+    across stops, with its callbacks and the file it holds) resume inside: the chains equal
+    the run."""
     script = tmp_path / "withs.py"
     script.write_text(REENTERED_WITHS)
     base, trace = trace_of(launcher, [str(script)], tmp_path)
@@ -181,14 +182,9 @@ def test_with_statements_a_restore_cannot_enter_again_fail_the_checkpoint_naming
         line = max(i for i, x in enumerate(lines[:line_of(body_text)], 1) if x.strip().startswith("for "))
         return [t["step"] for t in trace if t["kind"] == "loop" and t["line"] == line]
 
-    expected = [("TemporaryDirectory()", "print(\"tmp\"", "tempfile.TemporaryDirectory")]
-    for with_text, body_text, named in expected:
-        step = loop_steps(body_text)[1]
-        run = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / f"ck{step}"), "--stop-at-step", str(step)])
-        assert run.rc == 0 and run.stdout == base.stdout, run.describe()
-        failed = [d["error"] for _, d in run.events("checkpoint_failed")]
-        assert len(failed) == 1 and named in failed[0], failed
-        assert f"the with statement at line {line_of(with_text)} holds" in failed[0], failed
+    assert "removed False" in base.stdout
+    out, _ = run_chain(launcher, [str(script)], loop_steps("print(\"tmp\"")[1:], tmp_path / "ck-tmp")
+    assert out == base.stdout
     out, _ = run_chain(launcher, [str(script)], loop_steps("print(\"after\"")[1:], tmp_path / "ck-after")
     assert out == base.stdout
     assert "'logged 0\\nlogged 1\\nlogged 2\\n'\ncleanup ran\n" not in base.stdout  # closed, then read

@@ -16,11 +16,14 @@ A ``contextlib.ExitStack`` is held the same way (``with ExitStack() as stack:`` 
 ``log = stack.enter_context(open(...))`` in the block): entered again, it would be empty, and
 what the block pushed on it would never be closed or called. The saved stack keeps its callbacks,
 bound to the restored objects (the file ``log`` names is the one it closes at the end). So is
-the run of ``with mlflow.start_run():`` (mlflow_runs.py): a stop does not end it.
+the run of ``with mlflow.start_run():`` (mlflow_runs.py): a stop does not end it; and a
+``tempfile.TemporaryDirectory`` (its exit would remove the folder and what the loop wrote
+there), saved with its files and made again at its path (open_files.py).
 """
 from __future__ import annotations
 
 import contextlib
+import tempfile
 from typing import Any, Optional
 
 from . import generator_rewrite, mlflow_runs, ownership
@@ -28,9 +31,10 @@ from . import generator_rewrite, mlflow_runs, ownership
 
 def is_held(manager: Any) -> bool:
     """Whether a with statement holds ``manager`` across stops: an ``ExitStack``, an mlflow run, a
+    ``TemporaryDirectory``, a
     manager whose ``__enter__`` or ``__exit__`` is the program's code, or a ``@contextmanager`` of
     the program whose generator a checkpoint saves where it waits (generator_rewrite.py)."""
-    if isinstance(manager, contextlib.ExitStack) or mlflow_runs.is_active_run(manager):
+    if isinstance(manager, (contextlib.ExitStack, tempfile.TemporaryDirectory)) or mlflow_runs.is_active_run(manager):
         return True
     if isinstance(manager, contextlib._GeneratorContextManager):
         gen = getattr(manager, "gen", None)

@@ -21,7 +21,10 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import shutil
 import stat
+import sys
+import tempfile
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -232,6 +235,49 @@ def _reopen_memmap(path: str, relative: bool, dtype: Any, offset: int, shape: tu
         return np.memmap(where, dtype=dtype, mode="r+", offset=offset, shape=shape, order=order)
     _check_size(where, size, "maps", "numpy.memmap")
     return np.memmap(where, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
+
+
+def reduce_temporary_directory(tmp: tempfile.TemporaryDirectory) -> tuple:
+    """A ``tempfile.TemporaryDirectory`` (held across stops by its with statement: held_managers.py),
+    saved with the files in it; made again at the same path by a restore, which may run on
+    another node (PyTorch's transfer-learning tutorial keeps its best weights in one around the
+    whole training loop). A stop leaves it to the stopping process's exit, which removes it."""
+    files: dict[str, Optional[bytes]] = {}
+    for folder, subfolders, names in os.walk(tmp.name):
+        for name in subfolders:
+            files[os.path.relpath(os.path.join(folder, name), tmp.name)] = None
+        for name in names:
+            path = os.path.join(folder, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                with open(path, "rb") as f:
+                    files[os.path.relpath(path, tmp.name)] = f.read()
+    return _temporary_directory, (tmp.name, files, getattr(tmp, "_ignore_cleanup_errors", False),
+                                  getattr(tmp, "_delete", True))
+
+
+def _temporary_directory(name: str, files: dict[str, Optional[bytes]], ignore_errors: bool,
+                         delete: bool) -> tempfile.TemporaryDirectory:
+    shutil.rmtree(name, ignore_errors=True)  # what a stopped process on this node left
+    os.makedirs(name, mode=0o700)
+    for relative, data in sorted(files.items()):
+        path = os.path.join(name, relative)
+        if data is None:
+            os.makedirs(path, exist_ok=True)
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+    tmp = tempfile.TemporaryDirectory.__new__(tempfile.TemporaryDirectory)
+    tmp.name = name
+    tmp._ignore_cleanup_errors = ignore_errors  # type: ignore[attr-defined]
+    extra = {}
+    if sys.version_info >= (3, 12):
+        tmp._delete = delete  # type: ignore[attr-defined]
+        extra["delete"] = delete
+    tmp._finalizer = weakref.finalize(  # type: ignore[attr-defined]
+        tmp, tmp._cleanup, name, warn_message=f"Implicitly cleaning up {tmp!r}",  # type: ignore[attr-defined]
+        ignore_errors=ignore_errors, **extra)
+    return tmp
 
 
 def reduce_npz(obj: Any) -> Any:

@@ -346,6 +346,8 @@ class ProxyPickler(cloudpickle.Pickler):
             reduced = open_files.reduce_memmap(obj)
             if reduced is not NotImplemented:
                 return reduced
+        if t is tempfile.TemporaryDirectory:  # held by a with statement across stops
+            return open_files.reduce_temporary_directory(obj)
         if t.__name__ == "NpzFile" and t.__module__.startswith("numpy."):
             reduced = open_files.reduce_npz(obj)
             if reduced is not NotImplemented:
@@ -633,10 +635,6 @@ def _not_reenterable(manager: Any) -> Optional[str]:
         return (f"a contextlib.{type(manager).__name__} with {len(manager._exit_callbacks)} callback(s) "
                 f"registered: a restore enters the statement again with an empty stack, so they would "
                 f"never run. {'. '.join(advice)}")
-    if isinstance(manager, tempfile.TemporaryDirectory):
-        return ("a tempfile.TemporaryDirectory: stopping the job exits the statement, which removes "
-                "the folder and what the loop wrote there. Write into a folder of the job's own (a "
-                "relative path) instead")
     if isinstance(manager, io.IOBase) and not isinstance(manager, (io.BytesIO, io.StringIO)) \
             and not open_files.is_open_file(manager) and not manager.closed and open_files.writable(manager):
         return (f"{manager!r}, a stream written through something other than a plain file (a gzip, bz2 or "
