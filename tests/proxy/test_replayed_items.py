@@ -614,3 +614,59 @@ def test_a_generator_of_the_program_is_saved_where_it_stopped_not_replayed(launc
     items they make from state the body changes come out as in an uninterrupted run."""
     base, stopped, restored = _stop_and_restore(launcher, tmp_path, src, stop)
     assert restored.rc == 0 and stopped.stdout + restored.stdout == base.stdout, restored.describe()
+
+
+PRINTING_WHILE_LOADING = """
+import logging
+import sys
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
+log = logging.getLogger("data")
+
+
+class Shards(IterableDataset):
+    def __iter__(self):
+        print("opening shards")
+        for i in range(12):
+            yield torch.tensor([float(i)])
+
+
+def main():
+    def batches(n):  # a generator in a function: re-created and replayed at a restore
+        for s in range(n):
+            log.info("load %d", s)
+            yield s
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(Shards(), batch_size=4)
+    for epoch in range(2):
+        for i, x in enumerate(loader):
+            loss = (model(x) ** 2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+            print(epoch, i, f"{loss.item():.6f}")
+        for b in batches(4):
+            print("batch", b)
+
+
+main()
+"""
+
+
+def test_what_a_replay_prints_is_not_printed_again(launcher, tmp_path):
+    """An IterableDataset's ``__iter__`` that prints, and a generator that logs before each
+    ``yield``, are re-created at a restore and replayed past the items taken: their lines were
+    printed a second time."""
+    script = tmp_path / "shards.py"
+    script.write_text(textwrap.dedent(PRINTING_WHILE_LOADING))
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    lines = PRINTING_WHILE_LOADING.splitlines()
+    loops = {line: [t["step"] for t in trace if t["kind"] == "loop" and t["line"] == line]
+             for line in (next(i for i, x in enumerate(lines, 1) if "in enumerate(loader)" in x),
+                          next(i for i, x in enumerate(lines, 1) if "in batches(4)" in x))}
+    stops = [steps[2] for steps in loops.values()] + [list(loops.values())[0][-2]]
+    out, runs = run_chain(launcher, [str(script)], sorted(stops), tmp_path / "ck")
+    assert out == base.stdout, runs[-1].describe()

@@ -536,13 +536,14 @@ def _skip(it: Iterator[Any], k: int, check_rng: bool, what: str, line: int,
     if k <= 0:
         return
     try:
-        next(it)
-        if k == 1 or not (check_rng or watched):
+        with replay_effects.quietly():  # the run printed what making these items prints
+            next(it)
+            if k == 1 or not (check_rng or watched):
+                collections.deque(itertools.islice(it, k - 1), maxlen=0)
+                return
+            before = rng.capture(full=True) if check_rng else None
+            objects_before = [rng.object_state(g) for g in watched]
             collections.deque(itertools.islice(it, k - 1), maxlen=0)
-            return
-        before = rng.capture(full=True) if check_rng else None
-        objects_before = [rng.object_state(g) for g in watched]
-        collections.deque(itertools.islice(it, k - 1), maxlen=0)
     except StopIteration:
         return
     if moved is not None:

@@ -25,7 +25,6 @@ left out with a ``RuntimeWarning`` naming it, once.
 """
 from __future__ import annotations
 
-import contextlib
 import enum
 import importlib
 import os
@@ -34,7 +33,7 @@ import types
 import warnings
 from typing import Any, Callable, Iterable, Optional
 
-from . import handles
+from . import handles, replay_effects
 from .libraries import OWN_PACKAGES
 from .ownership import in_job_folder
 from ..checkpoint.errors import CheckpointError
@@ -177,7 +176,7 @@ def _import_quietly(names: list[str]) -> None:
     for name in names:
         if name in sys.modules:
             continue
-        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        with replay_effects.quietly():
             try:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001 - `apply` imports it again and says what failed

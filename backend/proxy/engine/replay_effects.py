@@ -18,12 +18,15 @@ advance it).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
+import logging
 import os
 import sys
 import types
 import zlib
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from . import lazy, ownership, rng
 
@@ -145,3 +148,20 @@ def watch(it: Any, skip: Iterable[Any] = ()) -> Optional[Watch]:
             or not _programs(it):
         return None
     return Watch(it, frozenset(id(o) for o in skip))
+
+
+@contextlib.contextmanager
+def quietly() -> Iterator[None]:
+    """What a restore runs again of what the run did before its checkpoint (a replay's items, a
+    rebuilt statement, a job module's import) prints nothing: the run printed it then. Output to
+    ``sys.stdout``/``sys.stderr`` is dropped and logging is off meanwhile (a generator's
+    ``print("load", shard)`` or an IterableDataset's ``logger.info("opening shards")`` printed
+    again at every restore). Output a worker process writes to the file descriptors is not."""
+    sink = io.StringIO()
+    disabled = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            yield
+    finally:
+        logging.disable(disabled)

@@ -57,8 +57,8 @@ import cloudpickle
 from . import (array_views, autograd_graphs, background, canonical_strings, container_subclasses, context,
                exit_handlers, finalizers, getattr_classes, handles, held_managers, hydra_state, imported_submodules,
                iterators, lazy, libraries, library_patches, mlflow_runs, module_state, open_files, ownership,
-               process_settings, rng, resumable_generators, scoped_modes, sentinels, set_layouts, training_state,
-               type_memos, wandb_runs)
+               process_settings, replay_effects, rng, resumable_generators, scoped_modes, sentinels, set_layouts,
+               training_state, type_memos, wandb_runs)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
@@ -1128,9 +1128,8 @@ def rebuild_variables(rt: RuntimeView, graph: dict, globals_: dict, locals_: Opt
         stmt = rt.program.statements[entry["index"]]
         code = compile(_module_of(stmt.node), rt.program.filename, "exec")
         keep = {k: saved[k] for k in stmt.bound if k in saved and k not in entry["names"]}
-        sink = io.StringIO()
         try:
-            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            with replay_effects.quietly():
                 if locals_ is not None:
                     exec(code, globals_, locals_)
                 else:
