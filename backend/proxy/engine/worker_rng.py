@@ -122,6 +122,8 @@ def _dataset_state(dataset: Any) -> dict[str, Any]:
     generators: tuple = (random.Random,) + ((np_random.Generator, np_random.RandomState) if np_random else ())
     torch = sys.modules.get("torch")
     for name, value in list(getattr(dataset, "__dict__", {}).items()):
+        if isinstance(value, str) and len(value) > 256:
+            continue  # a text corpus read in __init__: data, not state (and too big for a slot)
         if type(value) in _PLAIN or isinstance(value, generators):
             out[name] = value
         elif torch is not None and isinstance(value, torch.Generator) and value.device.type == "cpu":
