@@ -124,14 +124,14 @@ class GraphFound(CheckpointFailure):
     """Raised by the checkpoint's save at a tensor whose graph is still to be used (`check_saved`)."""
 
     def __init__(self, tensor: Any) -> None:
-        super().__init__(_why([f"{DEEP_LABEL} ({_describe(tensor)})"]))
-        self.held = GraphsHeld(str(self), {id(tensor): DEEP_LABEL}, [tensor])
+        self.held = _held_deep(tensor)
+        super().__init__(self.held.why)
         self.tensor_ref = weakref.ref(tensor)
 
 
-def _describe(t: Any) -> str:
-    fn = type(t.grad_fn).__name__
-    return f"shape {tuple(t.shape)}, made by {fn}"
+def _held_deep(t: Any) -> GraphsHeld:
+    label = f"{DEEP_LABEL} (shape {tuple(t.shape)}, made by {type(t.grad_fn).__name__})"
+    return GraphsHeld(_why([label]), {id(t): DEEP_LABEL}, [t])
 
 
 def still_held(found: Optional[Any]) -> Optional[GraphsHeld]:
@@ -141,7 +141,7 @@ def still_held(found: Optional[Any]) -> Optional[GraphsHeld]:
     t = found() if found is not None else None
     if t is None or t.grad_fn is None or not _graph_in_use(t):
         return None
-    return GraphsHeld(_why([f"{DEEP_LABEL} ({_describe(t)})"]), {id(t): DEEP_LABEL}, [t])
+    return _held_deep(t)
 
 
 @contextlib.contextmanager

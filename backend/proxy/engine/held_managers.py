@@ -31,10 +31,11 @@ from . import generator_rewrite, mlflow_runs, ownership
 
 def is_held(manager: Any) -> bool:
     """Whether a with statement holds ``manager`` across stops: an ``ExitStack``, an mlflow run, a
-    ``TemporaryDirectory``, a
-    manager whose ``__enter__`` or ``__exit__`` is the program's code, or a ``@contextmanager`` of
-    the program whose generator a checkpoint saves where it waits (generator_rewrite.py)."""
-    if isinstance(manager, (contextlib.ExitStack, tempfile.TemporaryDirectory)) or mlflow_runs.is_active_run(manager):
+    ``TemporaryDirectory``, a manager whose ``__enter__`` or ``__exit__`` is the program's code, or a
+    ``@contextmanager`` of the program whose generator a checkpoint saves where it waits
+    (generator_rewrite.py)."""
+    if isinstance(manager, (contextlib.ExitStack, tempfile.TemporaryDirectory)) \
+            or mlflow_runs.is_active_run(manager):
         return True
     if isinstance(manager, contextlib._GeneratorContextManager):
         gen = getattr(manager, "gen", None)
