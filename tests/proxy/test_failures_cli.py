@@ -280,6 +280,8 @@ def test_a_running_thread_in_a_variable_is_refused_not_made_again_unstarted(laun
     failed = [d for _, d in run.events("checkpoint_failed")]
     assert len(failed) == 1 and "`t` is a running thread (producer)" in failed[0]["error"], failed
     assert "t" in [v[0] for v in failed[0]["variables"]], failed
+    if "q" in [v[0] for v in failed[0]["variables"]]:  # the queue's own advice, not `__getstate__` for Queue
+        assert "`q` is a queue.Queue between threads" in failed[0]["error"] and "give Queue" not in failed[0]["error"]
 
 
 RECURSIVE = """

@@ -28,6 +28,7 @@ from __future__ import annotations
 import csv
 import dis
 import pickle
+import queue
 import sys
 import threading
 import types
@@ -376,6 +377,11 @@ def _known(name: str, value: Any, path: str, culprit: Any) -> str:
                 f"queue it fills, where it is in its loop) cannot be saved. Let a DataLoader prefetch "
                 f"instead (`num_workers=2`: its workers are replayed exactly), or stop and join the thread "
                 f"before the loop")
+    if isinstance(value, queue.Queue):
+        return (f"`{name}` is a {type(value).__module__}.{type(value).__qualname__} between threads: what it "
+                f"holds was made by a thread that fills it, whose place cannot be saved. Let a DataLoader "
+                f"prefetch instead (`num_workers=2, prefetch_factor=2`: its workers are replayed exactly), or "
+                f"stop and join the thread and empty the queue before the loop")
     if type(culprit) is _CSV_READER:
         return (f"`{path}` is a csv reader made by the C function itself (`_csv.reader`, or a library that "
                 f"took `csv.reader` before the job ran), whose place in its file cannot be saved; make it "
