@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from . import (caches, closure_cells, context, exit_handlers, grad_decorators, handles, hydra_state,
                imported_submodules, libraries, library_patches, mlflow_runs, module_state, ownership,
-               process_settings, scoped_modes, training_state, type_memos, wandb_runs)
+               process_settings, replay_effects, scoped_modes, training_state, type_memos, wandb_runs)
 from ..checkpoint.errors import CheckpointError, Preempted
 from .rewrite import MARKER, PREFIX, REWRITE_VERSION, RT, Rewritten, rewrite_function, rewrite_module
 from .runtime import Runtime, install_dormant
@@ -274,14 +274,17 @@ class ResumableProgram:
                 raise CheckpointError(f"this program has no safe points, so it has no checkpoint to resume "
                                       f"({self.fallback_reason or 'nothing to resume'})")
             rt.restore_started = time.monotonic()
-            graph = load_graph(restore, controller.rank, globals_, self.identity, self._code)
+            # what the imports the load makes print, the run printed before (transformers' at import)
+            with replay_effects.quietly(stderr=False):
+                graph = load_graph(restore, controller.rank, globals_, self.identity, self._code)
             context.restore(graph.get("context"))  # before rebuilds: they may read relative paths
             process_settings.apply(graph.get("process"))  # the settings the skipped statements made
             hydra_state.apply(graph.get("hydra"))  # what @hydra.main set up before main(cfg)
             mlflow_runs.apply(graph.get("mlflow"))  # mlflow.log_metric logs to the same run again
             scoped_modes.apply_outer(graph.get("modes"))  # grad mode, decimal context outside the with statements
-            module_state.apply(graph.get("modules"))  # config.lr = args.lr, counters in helper modules
-            imported_submodules.apply(graph.get("submodules"))  # import xml.sax.saxutils: xml.sax is set
+            with replay_effects.quietly(stderr=False):
+                module_state.apply(graph.get("modules"))  # config.lr = args.lr, counters in helper modules
+                imported_submodules.apply(graph.get("submodules"))  # import xml.sax.saxutils: xml.sax is set
             library_patches.apply(graph.get("patches"))  # F.gelu = my_gelu
         else:
             context.begin()

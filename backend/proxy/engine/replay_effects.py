@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import io
 import logging
 import os
 import sys
@@ -150,18 +149,54 @@ def watch(it: Any, skip: Iterable[Any] = ()) -> Optional[Watch]:
     return Watch(it, frozenset(id(o) for o in skip))
 
 
+#: how many `quietly` windows are open: while any is, a `_Muted` stream drops what it is given
+_muted = 0
+
+
+class _Muted:
+    """Stands for a standard stream inside `quietly`: drops what is written while the window is
+    open and passes on what is written after it. Something made meanwhile may keep it (a logging
+    handler, a default argument ``file=sys.stdout`` of a module imported then): it writes to the
+    real stream afterwards, as it would have without the window."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return len(text) if _muted else self._stream.write(text)
+
+    def flush(self) -> None:
+        if not _muted:
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def __reduce__(self) -> tuple:
+        return _unmuted, (self._stream,)
+
+
+def _unmuted(stream: Any) -> Any:
+    return stream
+
+
 @contextlib.contextmanager
-def quietly() -> Iterator[None]:
+def quietly(stderr: bool = True) -> Iterator[None]:
     """What a restore runs again of what the run did before its checkpoint (a replay's items, a
-    rebuilt statement, a job module's import) prints nothing: the run printed it then. Output to
-    ``sys.stdout``/``sys.stderr`` is dropped and logging is off meanwhile (a generator's
-    ``print("load", shard)`` or an IterableDataset's ``logger.info("opening shards")`` printed
-    again at every restore). Output a worker process writes to the file descriptors is not."""
-    sink = io.StringIO()
+    rebuilt statement, the imports of the job's modules and of the libraries the load needs)
+    prints nothing: the run printed it then. Output to ``sys.stdout`` (and ``sys.stderr``, unless
+    ``stderr`` is False: the load's own warnings go there) is dropped and logging is off meanwhile
+    (a generator's ``print("load", shard)``, an IterableDataset's ``logger.info("opening
+    shards")``, transformers' ``print`` at import printed again at every restore). Output a worker
+    process writes to the file descriptors is not."""
+    global _muted
     disabled = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
+    _muted += 1
     try:
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        with contextlib.redirect_stdout(_Muted(sys.stdout)), \
+                contextlib.redirect_stderr(_Muted(sys.stderr)) if stderr else contextlib.nullcontext():
             yield
     finally:
+        _muted -= 1
         logging.disable(disabled)
