@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import textwrap
 
-from harness import EXIT_PREEMPTED, trace_of
+from harness import EXIT_PREEMPTED, run_chain, trace_of
 
 PENALTY_AND_ACCUMULATION = """
 import torch, torch.nn as nn
@@ -201,3 +201,31 @@ def test_a_graph_held_in_an_attribute_or_a_nested_list_defers_the_checkpoint_too
         assert at > step and not stopped.events("checkpoint_failed"), stopped.describe()
         resumed = launcher.run(target + ["--checkpoint-dir", str(ck), "--restore"])
         assert resumed.rc == 0 and stopped.stdout + resumed.stdout == base.stdout, (step, at, resumed.describe())
+
+
+TIED_VIEW = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+enc = nn.Linear(8, 3, bias=False)
+Wt = enc.weight.t()                              # a tied decoder: a view of the parameter, made once
+wq, wk = enc.weight[:1], enc.weight[1:]          # slices of it, as attention modules keep them
+opt = torch.optim.SGD(enc.parameters(), lr=0.1)
+for step in range(8):
+    x = torch.randn(16, 8)
+    recon = nn.functional.linear(torch.tanh(enc(x)), Wt)
+    loss = ((recon - x) ** 2).mean() + (wq @ wk.t()).pow(2).sum()
+    opt.zero_grad(); loss.backward(); opt.step()
+    print(step, loss.item().hex())
+"""
+
+
+def test_a_view_of_a_parameter_made_once_keeps_its_graph_to_the_parameter(launcher, tmp_path):
+    """``Wt = enc.weight.t()`` before the loop: its graph holds no saved tensor, so it was saved
+    as values and came back as a view without a graph, through which no gradient reached the
+    parameter: every step after a restore differed, silently."""
+    script = tmp_path / "tied.py"
+    script.write_text(textwrap.dedent(TIED_VIEW))
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    loops = [t["step"] for t in trace if t["kind"] == "loop"]
+    out, runs = run_chain(launcher, [str(script)], [loops[2], loops[5]], tmp_path / "ck")
+    assert out == base.stdout, runs[-1].describe()

@@ -157,16 +157,38 @@ def watching(cut_all: Optional[bool]) -> Iterator[None]:
 
 def check_saved(t: Any) -> Optional[tuple]:
     """For a tensor with a graph that the save meets: raise `GraphFound` when its graph is still
-    to be used, or return the reduction that cuts it once patience is over; None: save it as usual."""
+    to be used, or return the reduction that cuts it once patience is over, or that makes a view
+    of a parameter again (`_view_of_leaf`); None: save it as usual."""
     cut = _CUT.get()
     if cut and id(t) in cut:
         return _cut_tensor, (t.detach(), cut[id(t)])
+    view = _view_of_leaf(t)
+    if view is not None:
+        return view
     watch = _WATCH.get()
     if watch is None or not _graph_in_use(t):
         return None
     if watch:
         return _cut_tensor, (t.detach(), DEEP_LABEL)
     raise GraphFound(t)
+
+
+def _view_of_leaf(t: Any) -> Optional[tuple]:
+    """A view of a parameter (or another leaf that requires grad) made once and used at every
+    step (``Wt = enc.weight.t()`` for a tied decoder, ``self.wq = w[:d]``): its graph holds no saved
+    tensor, so nothing waits for it, and saved as values it came back as a view of the storage
+    without its graph, through which no gradient reached the parameter (silently). Saved as its
+    base's ``as_strided`` view instead: the same elements, a graph to the base again."""
+    base = t._base if t._is_view() else None
+    if base is None or not base.requires_grad or base.grad_fn is not None:
+        return None
+    return _view_again, (base, tuple(t.size()), tuple(t.stride()), t.storage_offset())
+
+
+def _view_again(base: Any, size: tuple, stride: tuple, offset: int) -> Any:
+    torch = lazy.torch()
+    with torch.enable_grad():
+        return base.as_strided(size, stride, offset)
 
 
 def nodes(held: GraphsHeld) -> list:
