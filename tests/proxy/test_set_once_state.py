@@ -265,6 +265,10 @@ def test_state_set_before_the_loop_survives_restores(launcher, tmp_path, name):
     if name == "modes":  # inside each with statement's loop: they are entered again on restore
         inner = [t["step"] for t in trace if t["kind"] == "loop" and len(t["loops"]) == 2]
         stops |= {inner[3], inner[6]}
+    if name == "parametrized":  # the loop's first header: the old weight_norm's weight, computed when
+        # it was registered, holds a graph nothing backpropagates; a checkpoint there waits for the
+        # next safe point (autograd_graphs.py), which run_chain would take for a missed stop
+        stops.discard(next(t["step"] for t in trace if t["kind"] == "loop"))
     if name == "switched":  # in the last iteration of each with statement's loop
         last_of_line = {t["line"]: t["step"] for t in trace if t["kind"] == "loop"}
         stops |= set(last_of_line.values())
