@@ -27,11 +27,11 @@ def take(rt: RuntimeView, request: CheckpointRequest, boundary: Optional[int]) -
     wait_s = max(0.0, started - request.requested_at)
     label = rt.step if request.label is None else request.label
     held = graphs_in_use(rt)
-    deep = held is None and autograd_graphs.still_held(request.deep_graph)
-    held = held or deep or None
+    deep = autograd_graphs.still_held(request.deep_graph) if held is None else None
+    held = held or deep
     cut = False
     if held is not None and ctl.world_size == 1:
-        cut = _cut_or_defer(rt, request, held, wait_s, deep=bool(deep))
+        cut = _cut_or_defer(rt, request, held, wait_s, deep=deep is not None)
         if not cut:  # wait for the next safe point
             return
     depends_on = fingerprint.for_event()  # now, on the program's thread (see for_event)
