@@ -229,3 +229,51 @@ def test_a_view_of_a_parameter_made_once_keeps_its_graph_to_the_parameter(launch
     loops = [t["step"] for t in trace if t["kind"] == "loop"]
     out, runs = run_chain(launcher, [str(script)], [loops[2], loops[5]], tmp_path / "ck")
     assert out == base.stdout, runs[-1].describe()
+
+
+SAVED_THROUGH_HOOKS = """
+import torch, torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+class Scale(torch.autograd.Function):            # a custom Function: its saved tensors are its own
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        return grad * w, (grad * x).sum(0)
+
+torch.manual_seed(0)
+block = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Tanh())
+gain = nn.Parameter(torch.ones(8))
+head = nn.Linear(8, 1)
+opt = torch.optim.SGD([*block.parameters(), gain, *head.parameters()], lr=0.1)
+X = torch.randn(64, 4); Y = X.sum(1, keepdim=True)
+for step in range(4):
+    total = 0.0
+    for i in range(4):                           # accumulation through an activation-checkpointed block
+        h = checkpoint(block, X[i * 16:(i + 1) * 16], use_reentrant=False)
+        total = total + nn.functional.mse_loss(head(Scale.apply(h, gain)), Y[i * 16:(i + 1) * 16]) / 4
+    opt.zero_grad(); total.backward(); opt.step()
+    print(step, total.item().hex(), block[1].num_batches_tracked.item(), block[1].running_mean.sum().item().hex())
+"""
+
+
+def test_saved_tensors_behind_hooks_or_a_custom_function_are_looked_at_without_unpacking(launcher, tmp_path):
+    """While a checkpoint waits for ``total``'s backward(), the check reads the graph's saved tensors.
+    Unpacked, a ``checkpoint(..., use_reentrant=False)`` block computed its forward again to give
+    them back, and its BatchNorm counted one batch more each time (silently); a graph of a custom
+    autograd Function alone was not seen as held at all. The raw saved variables say both."""
+    script = tmp_path / "hooks.py"
+    script.write_text(textwrap.dedent(SAVED_THROUGH_HOOKS))
+    target = [str(script)]
+    base, trace = trace_of(launcher, target, tmp_path)
+    lines = SAVED_THROUGH_HOOKS.splitlines()
+    inner = next(i for i, x in enumerate(lines, 1) if x.startswith("    for i in range(4)"))
+    micro = [t["step"] for t in trace if t["kind"] == "loop" and t["line"] == inner]
+    stops = [micro[2], micro[9]]                   # both hold `total` with its graph: deferred
+    out, runs = run_chain(launcher, target, stops, tmp_path / "ck", deferred=True)
+    assert out == base.stdout, runs[-1].describe()

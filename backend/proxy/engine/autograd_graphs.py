@@ -59,7 +59,7 @@ _MAX_NODES = 64
 
 def _graph_in_use(t: Any) -> bool:
     """Whether ``t``'s graph can still be backpropagated: its first node that saved a tensor
-    still gives it back (after a ``backward()`` without ``retain_graph`` that raises)."""
+    still holds it (a ``backward()`` without ``retain_graph`` frees them)."""
     seen = 0
     todo = [t.grad_fn]
     while todo and seen < _MAX_NODES:
@@ -67,19 +67,36 @@ def _graph_in_use(t: Any) -> bool:
         if node is None:
             continue
         seen += 1
-        for attr in dir(node):
-            if not attr.startswith("_saved_"):
-                continue
-            try:
-                value = getattr(node, attr)
-            except RuntimeError:  # "... saved tensors after they have already been freed"
-                return False
-            except Exception:
-                continue
-            if isinstance(value, lazy.torch_types().tensor):
-                return True
+        held = _holds_saved(node)
+        if held is not None:
+            return held
         todo.extend(fn for fn, _ in getattr(node, "next_functions", ()))
     return False
+
+
+def _holds_saved(node: Any) -> Optional[bool]:
+    """Whether ``node`` still holds a tensor it saved (None: it saved none we can see).
+
+    Read through the raw saved variables (``_raw_saved_*``): their packed ``data`` is the
+    tensor, or what a saved-tensors hook packed, until freed. Unpacking them instead
+    (``_saved_*``) would run the unpack hooks: ``torch.utils.checkpoint(use_reentrant=False)``
+    computes its block's forward again there, and a BatchNorm inside counts a batch more."""
+    found = None
+    for attr in dir(node):
+        if not attr.startswith("_raw_saved_"):
+            continue
+        try:
+            raw = getattr(node, attr)
+        except RuntimeError:  # a custom Function's: "... saved tensors after they have already been freed"
+            return False
+        except Exception:
+            continue
+        for saved in raw if isinstance(raw, (list, tuple)) else (raw,):
+            data = getattr(saved, "data", None)
+            if data is not None:
+                return True
+            found = False  # freed, or an optional tensor the op did not get
+    return found
 
 
 def _tensors(value: Any) -> Iterable[Any]:
