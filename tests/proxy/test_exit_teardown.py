@@ -251,3 +251,39 @@ def test_a_tee_of_the_programs_own_as_stdout_is_flushed_before_its_globals_go(la
     out, runs = run_chain(launcher, [str(script)], [t["step"] for t in trace if t["kind"] == "loop"][2:4],
                           tmp_path / "ck")
     assert out == plain.stdout and runs[-1].rc == 0, runs[-1].describe()
+
+
+NEVER_CLOSED = """
+import os, sys
+import torch
+
+def evaluate(w):                                 # any function: it holds the globals in a cycle
+    return float((w ** 2).sum())
+
+os.chdir(sys.argv[1])
+log = open("train.log", "w")                     # opened at the top, never closed
+acts = open("acts.bin", "wb")
+w = torch.ones(3)
+for epoch in range(4):
+    w = w * 0.5
+    log.write(f"epoch {epoch} {evaluate(w):.6f}\\n")
+    acts.write(w.numpy().tobytes())
+print("done")
+"""
+
+
+def test_files_left_open_are_flushed_at_the_end_as_in_a_plain_run(launcher, tmp_path):
+    """A log opened at the top of a script and never closed: letting go of ``__main__``, the
+    collector freed its raw file before its buffer and the log came out empty, with no stop at all."""
+    script = tmp_path / "open.py"
+    script.write_text(textwrap.dedent(NEVER_CLOSED))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    subprocess.run([sys.executable, str(script), str(plain)], check=True, capture_output=True, timeout=60)
+    expected = {name: (plain / name).read_bytes() for name in ("train.log", "acts.bin")}
+    assert all(expected.values())
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    run = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / "ck"), "--", str(engine)])
+    assert run.rc == 0, run.describe()
+    assert {name: (engine / name).read_bytes() for name in expected} == expected

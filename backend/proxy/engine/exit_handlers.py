@@ -19,6 +19,7 @@ import builtins
 import dis
 import functools
 import gc
+import io
 import sys
 import types
 import warnings
@@ -174,7 +175,9 @@ def _let_go_like_the_interpreter(namespace: dict) -> None:
     if main is not None and vars(main) is namespace:
         del sys.modules["__main__"]
     del main, namespace, witness
+    files = _open_files()
     gc.collect()
+    del files  # the files nothing else holds go now, by reference counts: each buffer flushes into its open file
     witness = collected()
     if witness is not None:  # still held: clear it by hand
         for holder in gc.get_referrers(witness):
@@ -182,6 +185,33 @@ def _let_go_like_the_interpreter(namespace: dict) -> None:
                 holder.clear()
                 gc.collect()
     _flush_standard_streams(after_clearing=True)
+
+
+def _open_files() -> list:
+    """The files open for writing now, held across the collection of the namespace.
+
+    A file that only the namespace holds (``log = open("train.log", "w")``, never closed) is
+    garbage together with it, and the collector finalizes a cycle's objects in no set order: the
+    raw file closed before its buffer was flushed, and what the buffer held was lost (an empty log
+    where a plain run wrote it all). Held, the files outlive the collection, whatever a
+    ``__del__`` writes to them meanwhile reaches them, and when the list goes each goes by its
+    reference count, outermost first, flushing into a file still open."""
+    kinds = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom, io.FileIO)
+    return [o for o in gc.get_objects() if isinstance(o, kinds) and not _closed(o) and _writable(o)]
+
+
+def _writable(f: Any) -> bool:
+    try:
+        return bool(f.writable())
+    except Exception:  # noqa: BLE001 - a detached or half-made stream
+        return False
+
+
+def _closed(f: Any) -> bool:
+    try:
+        return bool(f.closed)
+    except Exception:  # noqa: BLE001 - a detached or half-made stream
+        return True
 
 
 def _flush_standard_streams(after_clearing: bool = False) -> None:
