@@ -55,6 +55,47 @@ def apply(state: Optional[RngState]) -> None:
         numpy.random.set_state(state["numpy"])
 
 
+def reduce_generator(obj: Any, t: type) -> Optional[tuple]:
+    """How a Python or numpy generator is saved where pickling's own way goes wrong, else None.
+
+    The generator behind ``random.shuffle`` or ``numpy.random.rand`` is saved as a reference to
+    the restoring process's: ``from random import shuffle`` binds a method of it, and pickled by
+    value that method came back drawing from a copy the restore never set, while the module's
+    functions drew from the global one (silently other numbers after a restore). Its state is
+    `capture`'s. A subclass of ``random.Random`` is made without calling its ``__init__``
+    (``Random.__reduce__`` calls the class with no arguments: the restore of a checkpoint of
+    ``class R(random.Random): def __init__(self, seed)`` failed)."""
+    if t is random.Random or t is random.SystemRandom:
+        return (_global_generator, ("random",)) if obj is random._inst else None  # type: ignore[attr-defined]
+    if isinstance(obj, random.Random):
+        if isinstance(obj, random.SystemRandom):
+            return None  # refused by its own getstate, with the reason
+        return _random_of_class, (t, obj.getstate(), dict(vars(obj)))
+    np_random = lazy.numpy_random()
+    if np_random is not None and obj is getattr(getattr(np_random, "mtrand", None), "_rand", None):
+        return _global_generator, ("numpy",)
+    return None
+
+
+#: the types `reduce_generator` looks at instances of (not decided by the type alone)
+GENERATOR_TYPE_NAMES = ("Random", "RandomState")
+
+
+def _global_generator(library: str) -> Any:
+    if library == "random":
+        return random._inst  # type: ignore[attr-defined]
+    import numpy.random
+
+    return numpy.random.mtrand._rand
+
+
+def _random_of_class(cls: type, state: tuple, attributes: dict) -> random.Random:
+    generator = cls.__new__(cls)
+    random.Random.setstate(generator, state)
+    vars(generator).update(attributes)
+    return generator
+
+
 #: ``@contextmanager`` functions that save the global generators when entered and set them back at
 #: their end: (module, name); Lightning's ``isolate_rng`` wraps its sanity check and learning-rate finder
 _FORKING = frozenset({("torch.random", "fork_rng"), ("lightning.pytorch.utilities.seed", "isolate_rng"),

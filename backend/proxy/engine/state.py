@@ -43,6 +43,7 @@ import io
 import os
 import pickle
 import platform
+import random
 import sys
 import tempfile
 import time
@@ -198,7 +199,7 @@ def _decided_by_type(obj: Any, t: type) -> bool:
         and not isinstance(obj, (io.IOBase, types.ModuleType)) and t.__name__ not in ("memmap", "NpzFile") \
         and not (torch_types is not None and isinstance(obj, torch_types.tensor)) \
         and type(getattr(t, "_shared_state", None)) is not dict and not array_views.is_array(obj) \
-        and not sentinels.named_instances(t)
+        and not sentinels.named_instances(t) and not (isinstance(obj, random.Random) or t.__name__ in rng.GENERATOR_TYPE_NAMES)
 
 
 def _fill_cell(cell: types.CellType, state: tuple) -> None:
@@ -321,7 +322,7 @@ class ProxyPickler(cloudpickle.Pickler):
                 return _make_empty_cell, (), (obj.cell_contents,), None, None, _fill_cell
             except ValueError:
                 return _make_empty_cell, ()
-        sentinel = sentinels.reduce(obj, t)  # dataclasses.MISSING, compared by identity
+        sentinel = sentinels.reduce(obj, t) or rng.reduce_generator(obj, t)  # MISSING; random's own generator
         if sentinel is not None:
             return sentinel
         reduced = container_subclasses.reduce(obj, t)  # class LRU(OrderedDict) with __init__(self, cap)
