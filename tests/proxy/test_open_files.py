@@ -44,6 +44,23 @@ def test_a_written_file_is_put_back_as_it_was_at_the_checkpoint(job_folder, mode
     assert (job_folder / "log.txt").read_bytes() == b"one\ntwo\nthree\n"
 
 
+def test_a_file_open_to_append_and_read_keeps_its_reading_place(job_folder):
+    """``open(path, "a+")``: writes go to the end, reads from where it was; the restore left it at
+    the end, so what the program read back after it was empty (silently)."""
+    f = open("history.txt", "a+")
+    f.write("one\ntwo\n")
+    f.seek(0)
+    assert f.readline() == "one\n"
+    saved = dumps(f)
+    f.close()
+    again = pickle.loads(saved)
+    assert again.readline() == "two\n"
+    again.write("three\n")
+    again.seek(0)
+    assert again.read() == "one\ntwo\nthree\n"
+    again.close()
+
+
 @pytest.mark.parametrize("newline", [None, "", "\n", "\r", "\r\n"])
 def test_a_text_file_comes_back_with_the_newline_it_was_opened_with(job_folder, newline):
     """``newline=""`` is how a CSV file is opened; reopened with the default it would translate."""

@@ -2,7 +2,8 @@
 a chain of stops: ``logging.captureWarnings(True)`` (after a restore warnings went to stderr, not the
 log file), ``os.umask(0o077)`` (files made after it were 0o644), ``TZ`` with ``time.tzset()`` (the
 variable came back, the zone did not: UTC times) and a ``SIGUSR1`` handler (the default action
-ended the resumed process)."""
+ended the resumed process), ``sys.set_int_max_str_digits(0)`` and ``np.seterrcall`` (each made the
+resumed process raise)."""
 from __future__ import annotations
 
 import shutil
@@ -12,7 +13,11 @@ import textwrap
 from harness import pick_stops, run_chain, trace_of
 
 SETTINGS = """
-import gc, logging, os, signal, stat, time, warnings
+import gc, logging, os, signal, stat, sys, time, warnings
+import numpy as np
+sys.set_int_max_str_digits(0)                    # str() of a big integer
+np.seterrcall(lambda kind, flag: print("fp error:", kind, flush=True))
+np.seterr(divide="call")
 gc.disable()
 gc.set_threshold(1000, 20, 20)
 here = os.path.dirname(os.path.abspath(__file__))
@@ -38,7 +43,7 @@ for step in range(12):
     with open(path, "w") as f:
         f.write(time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(1_700_000_000 + 3600 * step)) + "\\n")
     logging.info("step %d", step)
-    print("step", step, oct(stat.S_IMODE(os.stat(path).st_mode)),
+    print("step", step, len(str(10 ** 5000 + step)), np.float64(1.0) / np.float64(0.0), oct(stat.S_IMODE(os.stat(path).st_mode)),
           time.strftime("%H:%M %Z", time.localtime(1_700_000_000)), got, gc.isenabled(), gc.get_threshold(),
           flush=True)
 """
@@ -61,7 +66,7 @@ def test_warnings_capture_umask_time_zone_and_a_signal_handler_survive_a_chain_o
     job, target = _job(tmp_path, SETTINGS)
     base, trace = trace_of(launcher, target, tmp_path)
     log, files = (job / "train.log").read_text(), _outputs(job)
-    assert "step 11 0o600 03:43 IST [10]" in base.stdout and "got SIGUSR1" in base.stdout, base.describe()
+    assert "step 11 5001 inf 0o600 03:43 IST [10]" in base.stdout and "fp error: divide by zero" in base.stdout and "got SIGUSR1" in base.stdout, base.describe()
     assert "UserWarning: loss plateaued at step 9" in log and {mode for _, mode in files.values()} == {0o600}
 
     (job / "train.log").unlink()

@@ -188,7 +188,7 @@ def reopen(state: FileState) -> IO:
     else:
         f = open(path, mode, buffering=1 if state.line_buffering else -1, encoding=state.encoding,
                  errors=state.errors, newline=state.newline)
-    if "a" not in mode and state.position >= 0:
+    if ("a" not in mode or "+" in mode) and state.position >= 0:  # "a+" reads from its place; writes append
         f.seek(state.position)
     _reopened[f] = state
     return f

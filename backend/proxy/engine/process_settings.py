@@ -10,8 +10,10 @@ the program continues:
 * torch: default dtype and device, print options, float32 matmul precision, TF32 and reduced-
   precision flags, anomaly detection, flushing denormals (the deterministic settings are the
   fingerprint's; grad mode is scoped_modes.py's);
-* numpy: print options and floating-point error handling;
-* ``warnings`` filters, the recursion limit, the garbage collector's switch and thresholds;
+* numpy: print options and floating-point error handling, with the function ``np.seterrcall``
+  gave it (``np.seterr(divide="call")`` without it raises);
+* ``warnings`` filters, the recursion limit, the garbage collector's switch and thresholds, and
+  ``sys.set_int_max_str_digits(0)`` (without it, ``str()`` of a big integer raises);
 * ``logging.captureWarnings(True)``: warnings go to the ``py.warnings`` logger (and its log
   file), not to stderr;
 * the umask (``os.umask(0o077)`` to keep a run's outputs private): files made after the restore
@@ -91,7 +93,19 @@ def capture(probe: Callable[[Any], Optional[str]], redirected: Optional[dict[str
         begin()
     return {"recursion_limit": sys.getrecursionlimit(), "logging": _logging(probe),
             "streams": _streams(redirected or {}), "umask": _umask(), "zone": _changed_zone(),
-            "signals": _signal_handlers(probe), "gc": (gc.isenabled(), gc.get_threshold()), **snapshot()}
+            "signals": _signal_handlers(probe), "gc": (gc.isenabled(), gc.get_threshold()),
+            "int_max_str_digits": _int_max_str_digits(), "numpy_errcall": _numpy_errcall(probe), **snapshot()}
+
+
+def _int_max_str_digits() -> Optional[int]:
+    get = getattr(sys, "get_int_max_str_digits", None)  # Python >= 3.11 (and patched 3.10s)
+    return get() if get is not None else None
+
+
+def _numpy_errcall(probe: Callable[[Any], Optional[str]]) -> Any:
+    np = sys.modules.get("numpy")
+    call = np.geterrcall() if np is not None and hasattr(np, "geterrcall") else None
+    return None if call is None else _saveable("the function numpy.seterrcall was given", call, probe)
 
 
 # --------------------------------------------------------------------------- switched by with statements
@@ -175,6 +189,12 @@ def apply(saved: Optional[dict[str, Any]]) -> None:
         setattr(sys, name, stream)
     if saved.get("umask") is not None:
         os.umask(saved["umask"])
+    if saved.get("int_max_str_digits") is not None and hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(saved["int_max_str_digits"])
+    if saved.get("numpy_errcall") is not None:
+        import numpy as np
+
+        np.seterrcall(saved["numpy_errcall"])
     if saved.get("zone") is not None:
         _apply_zone(saved["zone"])
     _apply_signals(saved.get("signals") or {})
