@@ -208,6 +208,21 @@ def test_a_writable_memmap_comes_back_mapped_with_the_file_as_it_was(job_folder)
     assert np.load("emb.npy").tolist() == [[1.5, 1.5], [0.0, 0.0], [3.0, 3.0], [0.0, 0.0]]
 
 
+def test_a_view_of_a_writable_memmap_writes_through_to_its_file_after_a_restore(job_folder):
+    """``np.memmap(..., mode="w+").reshape(n, d)``: the view was saved as an array in memory, and
+    what the loop wrote through it after a restore never reached the file (silently)."""
+    import numpy as np
+
+    emb = np.memmap("emb.dat", dtype=np.float32, mode="w+", shape=(4,)).reshape(2, 2)
+    emb[0] = 1.0
+    state = pickle.loads(dumps({"emb": emb}))
+    del emb
+    state["emb"][1] = 2.0
+    state["emb"].flush()
+    assert isinstance(state["emb"], np.memmap) and state["emb"].filename.endswith("emb.dat")
+    assert np.fromfile("emb.dat", dtype=np.float32).tolist() == [1.0, 1.0, 2.0, 2.0]
+
+
 def test_an_open_npz_archive_is_saved_as_its_file(job_folder):
     """`d = np.load("train.npz")` kept in a variable holds an open zip: every checkpoint of such a
     program was refused with advice that did not fit (give NpzFile __getstate__)."""

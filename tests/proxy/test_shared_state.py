@@ -49,3 +49,47 @@ def test_numpy_views_and_shared_closure_cells_stay_shared_after_restores(launche
     base, trace = trace_of(launcher, [str(script)], tmp_path)
     out, _ = run_chain(launcher, [str(script)], pick_stops(trace, 3, extra=3), tmp_path / "ck")
     assert out == base.stdout
+
+
+def _round_trip(state: dict) -> dict:
+    import io
+    import pickle
+
+    from backend.proxy.engine.state import ProxyPickler
+
+    buf = io.BytesIO()
+    ProxyPickler(buf, protocol=4).dump(state)
+    return pickle.loads(buf.getvalue())
+
+
+def test_a_small_view_met_before_its_large_base_stays_a_view_of_it():
+    """``head = big[:4]`` pickled before ``big`` (a name bound earlier, a dict's first key): the
+    view of a large buffer not yet written was saved as a copy, and ``big`` later as itself, so
+    after a restore writes to ``big`` no longer showed through ``head`` (silently). A view that
+    alone holds its large buffer is still a copy."""
+    import numpy as np
+
+    big = np.zeros(300_000)
+    state = _round_trip({"head": big[:4], "big": big, "alone": np.ones(300_000)[:2]})
+    state["big"][:4] += 1
+    assert state["head"].tolist() == [1.0] * 4
+    assert state["alone"].base is None
+
+
+def test_arrays_and_memoryviews_over_a_bytearray_or_an_array_share_it_after_a_restore():
+    """``np.frombuffer(buf)`` and ``memoryview(buf)`` came back as copies (the memoryview as
+    ``bytes``): frozen at the checkpoint, silently, or failing at the first write through them."""
+    import array
+
+    import numpy as np
+
+    buf, values = bytearray(8), array.array("d", [1.0, 2.0])
+    grid = np.arange(6.0).reshape(2, 3)
+    state = _round_trip({"buf": buf, "as_array": np.frombuffer(buf, np.uint8), "window": memoryview(buf)[2:6],
+                         "values": values, "view": memoryview(values), "grid": grid, "rows": memoryview(grid)})
+    state["buf"][3] = 7
+    state["values"][1] = 5.0
+    state["window"][0] = 9
+    state["grid"][1, 1] = -1.0
+    assert state["as_array"].tolist() == [0, 0, 9, 7, 0, 0, 0, 0]
+    assert state["view"].tolist() == [1.0, 5.0] and state["rows"].tolist() == [[0.0, 1.0, 2.0], [3.0, -1.0, 5.0]]

@@ -201,9 +201,17 @@ def reduce_memmap(obj: Any) -> Any:
     ``np.lib.format.open_memmap``: rows the loop writes out) is flushed and saved with the file's
     bytes, written back and mapped ``"r+"`` on load, like a file open for writing (it came back as
     an array in memory, and rows written after a restore never reached the file); over
-    `MAX_CONTENT_BYTES` it is refused with advice. Others (copy-on-write, slices): NotImplemented."""
+    `MAX_CONTENT_BYTES` it is refused with advice. A view of one (``np.memmap(...).reshape(n, d)``,
+    a slice) is saved as a view of the map, saved as above: saved as an array in memory, what the
+    loop wrote through it after a restore never reached the file. Others (copy-on-write): NotImplemented."""
     import mmap
 
+    root = obj
+    while isinstance(root.base, type(obj)):
+        root = root.base
+    if root is not obj and isinstance(root.base, mmap.mmap):
+        offset = obj.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+        return _memmap_view, (root, offset, obj.shape, obj.strides, obj.dtype)
     mode = getattr(obj, "mode", None)
     if mode not in ("r", "r+", "w+") or not isinstance(obj.base, mmap.mmap) or not obj.filename:
         return NotImplemented
@@ -235,6 +243,15 @@ def _reopen_memmap(path: str, relative: bool, dtype: Any, offset: int, shape: tu
         return np.memmap(where, dtype=dtype, mode="r+", offset=offset, shape=shape, order=order)
     _check_size(where, size, "maps", "numpy.memmap")
     return np.memmap(where, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
+
+
+def _memmap_view(root: Any, offset: int, shape: tuple, strides: tuple, dtype: Any) -> Any:
+    import numpy as np
+
+    view = np.ndarray.__new__(type(root), shape, dtype, buffer=root, offset=offset, strides=strides)
+    for name in ("_mmap", "filename", "offset", "mode"):  # what numpy's own slicing copies
+        setattr(view, name, getattr(root, name, None))
+    return view
 
 
 def reduce_temporary_directory(tmp: tempfile.TemporaryDirectory) -> tuple:

@@ -195,7 +195,8 @@ def _decided_by_type(obj: Any, t: type) -> bool:
     """Whether the rules' answer for ``obj`` (plain pickling) holds for every instance of ``t``:
     all of them but these look at the type alone."""
     torch_types = lazy.torch_types()
-    return not issubclass(t, type) and t not in (types.FunctionType, types.BuiltinFunctionType, types.GeneratorType, weakref.finalize) \
+    return not issubclass(t, type) and t not in (types.FunctionType, types.BuiltinFunctionType, types.GeneratorType,
+                                                 weakref.finalize, memoryview) \
         and not isinstance(obj, (io.IOBase, types.ModuleType)) and t.__name__ not in ("memmap", "NpzFile") \
         and not (torch_types is not None and isinstance(obj, torch_types.tensor)) \
         and type(getattr(t, "_shared_state", None)) is not dict and not array_views.is_array(obj) \
@@ -330,6 +331,8 @@ class ProxyPickler(cloudpickle.Pickler):
             return reduced
         if array_views.is_array(obj):
             return array_views.reduce(obj, self._array_roots)
+        if t is memoryview:
+            return array_views.reduce_memoryview(obj)
         if isinstance(obj, io.IOBase):
             stream = _std_stream_name(obj)
             if stream is not None:
