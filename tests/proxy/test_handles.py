@@ -302,3 +302,18 @@ def test_pools_and_executors_that_ended_before_the_loop_are_saved_as_ended(launc
     assert "pool ValueError Pool not running" in base.stdout, base.stdout
     assert base.stdout.count("cannot schedule new futures after shutdown") == 2, base.stdout
     assert_chains_match(launcher, [str(script)], base, trace, tmp_path, seeds=(1, 2), extra=3)
+
+
+def test_a_struct_format_is_made_again_from_its_format():
+    """``record = struct.Struct("<id")`` before the loop: refused as unpicklable, so no stop could
+    land in a loop that packs with it."""
+    import io
+    import pickle
+    import struct
+
+    from backend.proxy.engine.state import ProxyPickler
+
+    buf = io.BytesIO()
+    ProxyPickler(buf, protocol=4).dump({"record": struct.Struct("<id")})
+    record = pickle.loads(buf.getvalue())["record"]
+    assert record.format == "<id" and record.unpack(record.pack(3, 0.5)) == (3, 0.5)

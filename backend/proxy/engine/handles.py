@@ -14,6 +14,7 @@ of the job at all, so a restore may make them anew and stay exact:
   that the file keeps its ``tell()`` and is saved at its place;
 * a ``multiprocessing`` pool or a ``concurrent.futures`` executor that has ended (``with Pool(4)
   as pool:`` before the loop leaves ``pool`` bound) is saved as an ended one without workers;
+* a ``struct.Struct`` (a compiled format, nothing more) is made again from its format;
 * a lock no thread holds is saved as a new lock, an ``Event`` as a new one in the same state,
   wherever they are (an attribute of a trainer, a local of ``main()``); a ``threading.local``
   with the attributes the job's thread gave it;
@@ -29,6 +30,7 @@ import csv
 import dis
 import pickle
 import queue
+import struct
 import sys
 import threading
 import types
@@ -163,6 +165,8 @@ def reduce(obj: Any) -> Any:
         return (_new_lock if cls is _LOCK else _new_rlock), ()  # a free lock has no other state
     if cls is threading.Event:
         return _event, (obj.is_set(),)
+    if cls is struct.Struct:
+        return struct.Struct, (obj.format,)
     if isinstance(obj, threading.local):
         return _new_local, (cls,), dict(obj.__dict__)
     if cls.__name__ == "SummaryWriter" and cls.__module__.startswith("torch.utils.tensorboard"):
