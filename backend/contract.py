@@ -24,6 +24,15 @@ EXIT_PREEMPTED = 75
 EXIT_STOPPED = 143
 #: a collective failed (a peer died) and could not be reported softly: the attempt crashed
 EXIT_COLLECTIVE_FAILED = 70
+#: what a program's own ``sys.exit(EXIT_PREEMPTED)`` exits with instead
+EXIT_PROGRAM_USED_PREEMPTED = 1
+
+
+def program_exit_code(code: int) -> int:
+    """The status a rank exits with when the program itself exits with ``code``. Left as it was,
+    a ``sys.exit(75)`` (EX_TEMPFAIL) read as "stopped at a checkpoint": the job was queued and
+    resumed from its last checkpoint, again and again."""
+    return EXIT_PROGRAM_USED_PREEMPTED if code == EXIT_PREEMPTED else code
 
 # ---------------------------------------------------------------------------- environment
 # Set by the agent for every rank (besides RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,

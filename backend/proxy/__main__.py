@@ -19,7 +19,7 @@ import types
 from pathlib import Path
 from typing import Optional
 
-from backend.contract import ENV_HASH_SEED, EXIT_PREEMPTED, with_hash_seed
+from backend.contract import ENV_HASH_SEED, EXIT_PREEMPTED, program_exit_code, with_hash_seed
 
 from .launch import say, say_line
 
@@ -127,7 +127,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code == 0 and not args.keep_checkpoints:
             store.clear()
-        return code
+        if code == EXIT_PREEMPTED:
+            say_line(f"the program exited with status {code}, which means a stop at a checkpoint here: exiting 1")
+        return program_exit_code(code)
     except BaseException:
         traceback.print_exc()
         return 1

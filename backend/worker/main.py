@@ -351,8 +351,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code:
-            (out_dir / contract.ERROR_FILE).write_text(f"the job called sys.exit({exc.code!r})")
-        return code
+            reserved = f" ({EXIT_PREEMPTED} means a stop at a checkpoint here: exited 1)" if code == EXIT_PREEMPTED else ""
+            (out_dir / contract.ERROR_FILE).write_text(f"the job called sys.exit({exc.code!r}){reserved}")
+        return contract.program_exit_code(code)
     except BaseException as exc:
         text = format_user_traceback(exc, filename)
         sys.stderr.write(text)

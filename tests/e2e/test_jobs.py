@@ -42,6 +42,16 @@ def test_exception_fails_with_traceback_into_submitted_code(client):
         job.result()
 
 
+def test_a_program_exiting_with_the_stop_status_fails_instead_of_resuming_forever(client):
+    """``sys.exit(75)`` (EX_TEMPFAIL) is the status a rank stopped at a checkpoint exits with: the
+    job was queued again and resumed from its last checkpoint, again and again."""
+    job = client.submit("import sys\nprint('done')\nsys.exit(75)\n", name="tempfail")
+    assert job.wait(60) == JobState.FAILED
+    assert "sys.exit(75)" in job.info.error and "stop at a checkpoint" in job.info.error
+    assert job.logs() == "done\n"
+    assert not any(ev.type == EventType.RESUMED for ev in job.events(follow=False))
+
+
 def test_script_file(client, tmp_path):
     script = tmp_path / "train_step.py"
     script.write_text("import sys\ntotal = sum(range(10))\nprint('total', total)\nraise ValueError(f'bad {total}')\n")

@@ -355,3 +355,13 @@ def test_a_request_a_loop_in_an_async_function_never_reached_says_so(launcher, t
     assert run.rc == 0 and run.stdout == "435\n", run.describe()
     [failed] = [d["error"] for _, d in run.events("checkpoint_failed")]
     assert "the loops at line(s) 6 (in main: async functions run unchanged) have none" in failed, failed
+
+
+def test_a_program_exiting_with_the_stop_status_exits_1_saying_why(launcher, tmp_path):
+    """75 is what a run stopped at a checkpoint exits with: a program's own ``sys.exit(75)``
+    read as a stop (run again with --restore: the program ran again from its start)."""
+    script = tmp_path / "tempfail.py"
+    script.write_text("import sys\nprint('done')\nsys.exit(75)\n")
+    run = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / "ck")])
+    assert run.rc == 1 and run.stdout == "done\n", run.describe()
+    assert "exited with status 75, which means a stop at a checkpoint here" in run.stderr
