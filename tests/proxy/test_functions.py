@@ -288,6 +288,12 @@ def test_functions_of_a_finished_run_keep_working(tmp_path):
      "a closure shares x, which the function rebinds"),
     ("def main():\n    x = 1\n    class A:\n        def m(self):\n            return x\n    x = 2\n",
      "a closure shares x, which the function rebinds"),
+    # a counter factory inside main: `nonlocal n` rebinds make_counter's n, not a variable of main
+    ("def main():\n    def make_counter():\n        n = 0\n        def bump():\n            nonlocal n\n"
+     "            n += 1\n            return n\n        return bump\n    bump = make_counter()\n"
+     "    for i in range(5):\n        print(i, bump())\n", ""),
+    ("def main():\n    n = 0\n    def bump():\n        nonlocal n\n        n += 1\n    for i in range(5):\n"
+     "        bump()\n", "a nested function rebinds `nonlocal n`"),
 ])
 def test_only_variables_a_closure_really_shares_keep_a_function_unchanged(code, reason):
     assert not_rewritable(ast.parse(code).body[0]) == reason

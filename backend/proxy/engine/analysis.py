@@ -220,6 +220,9 @@ def _sharing(fdef: ast.FunctionDef) -> tuple[list[ast.Nonlocal], list[str]]:
     reads that ``fdef`` rebinds (sorted)."""
     nested = [n for n in own_scope(fdef) if isinstance(n, _CLOSURES)]
     nonlocals = [n for scope in nested for n in ast.walk(scope) if isinstance(n, ast.Nonlocal)]
+    own = _own_locals(fdef)
+    if own is not None:  # a counter factory's ``nonlocal n`` rebinds the factory's variable, not fdef's
+        nonlocals = [n for n in nonlocals if own & set(n.names)]
     if not nested and not any(isinstance(n, ast.ClassDef) for n in own_scope(fdef)):
         return nonlocals, []
     counts = _binding_counts(fdef)
@@ -250,14 +253,26 @@ def closures_sharing(fdef: ast.FunctionDef) -> str:
 _COMPREHENSION_TABLES = ("listcomp", "setcomp", "dictcomp")
 
 
+def _table(fdef: ast.FunctionDef) -> Optional[symtable.SymbolTable]:
+    """Python's own symbol table of ``fdef`` alone (None when it has none on its own)."""
+    try:
+        return symtable.symtable(ast.unparse(fdef), "<function>", "exec").get_children()[0]
+    except (SyntaxError, IndexError, ValueError):
+        return None
+
+
+def _own_locals(fdef: ast.FunctionDef) -> Optional[set[str]]:
+    table = _table(fdef)
+    return None if table is None else {name for name in table.get_identifiers() if table.lookup(name).is_local()}
+
+
 def _captured_by_closures(fdef: ast.FunctionDef) -> Optional[set[str]]:
     """The variables of ``fdef`` that a nested function, lambda or generator expression closes
     over: their free variables per Python's own symbol table, so a closure's own locals (a
     ``loss`` inside an LBFGS ``closure()`` beside a ``loss`` of the loop that calls it) are not
     taken for shared ones. ``None`` when the function has no symbol table on its own."""
-    try:
-        table = symtable.symtable(ast.unparse(fdef), "<function>", "exec").get_children()[0]
-    except (SyntaxError, IndexError, ValueError):
+    table = _table(fdef)
+    if table is None:
         return None
     own = {name for name in table.get_identifiers() if table.lookup(name).is_local()}
     free: set[str] = set()
