@@ -277,3 +277,72 @@ def test_saved_tensors_behind_hooks_or_a_custom_function_are_looked_at_without_u
     stops = [micro[2], micro[9]]                   # both hold `total` with its graph: deferred
     out, runs = run_chain(launcher, target, stops, tmp_path / "ck", deferred=True)
     assert out == base.stdout, runs[-1].describe()
+
+
+WITHOUT_SAVED_TENSORS = """
+import torch
+
+class Scale(torch.autograd.Function):            # keeps its input as a ctx attribute, saves no tensor
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.x = x
+        return x * w.detach().sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, (grad * ctx.x).sum().expand(4)
+
+torch.manual_seed(0)
+x, w = torch.randn(4), torch.randn(4, requires_grad=True)
+b = torch.zeros(4, requires_grad=True)
+opt = torch.optim.SGD([w, b], lr=0.1)
+for step in range(4):
+    loss = Scale.apply(x, w).sum() + b.sum()     # a graph in which no node saved a tensor
+    for k in range(2):
+        print("pending", step, k)
+    opt.zero_grad(); loss.backward(); opt.step()
+    print(step, w.sum().item().hex(), b.sum().item().hex(), loss)
+"""
+
+
+def test_a_graph_that_saves_no_tensor_is_waited_for_until_a_backward_runs_through_it(launcher, tmp_path):
+    """No node of ``loss``'s graph saved a tensor, so no ``backward()`` frees anything there and it
+    looked used: the checkpoint was taken between its forward and its ``backward()``, and after a
+    restore that step's update was lost (silently). The save now waits until a ``backward()`` has
+    run through it, then saves it cut, under its node's name (``print(loss)`` is unchanged)."""
+    script = tmp_path / "unsaved.py"
+    script.write_text(textwrap.dedent(WITHOUT_SAVED_TENSORS))
+    target = [str(script)]
+    base, trace = trace_of(launcher, target, tmp_path)
+    assert "grad_fn=<AddBackward0>" in base.stdout
+    lines = WITHOUT_SAVED_TENSORS.splitlines()
+    pending = next(i for i, x in enumerate(lines, 1) if x.startswith("    for k in range(2)"))
+    inner = [t["step"] for t in trace if t["kind"] == "loop" and t["line"] == pending]
+    out, runs = run_chain(launcher, target, [inner[1], inner[4]], tmp_path / "ck", deferred=True)
+    assert out == base.stdout, runs[-1].describe()
+
+
+MADE_ONCE = """
+import torch
+torch.manual_seed(0)
+w1, w2 = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+W = torch.cat([w1, w2])                          # made once, backpropagated at every step
+for step in range(6):
+    loss = (W * torch.arange(6.0)).sum()
+    loss.backward()
+    print(step, w1.grad.tolist())
+"""
+
+
+def test_a_graph_that_saves_no_tensor_made_once_and_backpropagated_again_fails_loudly_after_a_restore(
+        launcher, tmp_path):
+    script = tmp_path / "once.py"
+    script.write_text(textwrap.dedent(MADE_ONCE))
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    loops = [t["step"] for t in trace if t["kind"] == "loop"]
+    ck = tmp_path / "ck"
+    stopped = launcher.run([str(script), "--checkpoint-dir", str(ck), "--stop-at-step", str(loops[2])])
+    assert stopped.rc == EXIT_PREEMPTED, stopped.describe()
+    resumed = launcher.run([str(script), "--checkpoint-dir", str(ck), "--restore"])
+    assert resumed.rc == 1 and "made by CatBackward0" in resumed.stderr, resumed.describe()
+    assert "must be made again inside the loop" in resumed.stderr

@@ -7,7 +7,12 @@ parameter by parameter) is a leaf, and ``backward()`` through it reaches no para
 update is lost, silently. So a checkpoint is not taken while a variable holds a tensor whose graph
 can still be backpropagated (its saved tensors are not yet freed by a ``backward()``); a request
 waits for the next safe point (taking.py), which in a training loop comes once ``backward()``
-has run. A graph that was used (its buffers freed) or holds no saved tensor does not block.
+has run. A graph that was used (its buffers freed) does not block. A graph in which no node
+saved a tensor (``w.sum()``, a custom Function keeping its inputs as ``ctx`` attributes) frees
+nothing when used, so nothing tells: the save puts a hook on its last node and waits until a
+``backward()`` has run through it (`_backpropagated_since_met`), then saves it cut (below), since
+such a graph can be backpropagated again: one made once before the loop and backpropagated at
+every step fails loudly after a restore, naming it.
 
 A graph that is never backpropagated (a validation loss computed without ``torch.no_grad()``, a
 diagnostic ``penalty = w.abs().sum()`` kept for printing) would hold checkpoints off for good.
@@ -60,6 +65,14 @@ _MAX_NODES = 64
 def _graph_in_use(t: Any) -> bool:
     """Whether ``t``'s graph can still be backpropagated: its first node that saved a tensor
     still holds it (a ``backward()`` without ``retain_graph`` frees them)."""
+    return bool(_graph_state(t))
+
+
+def _graph_state(t: Any) -> Optional[bool]:
+    """`_graph_in_use`, or None where no node saved a tensor (``w.sum()``, ``torch.cat`` of
+    parameters, a custom Function that keeps its inputs as ``ctx`` attributes; or none within
+    `_MAX_NODES`): nothing tells whether such a graph was used, and it can be backpropagated
+    again and again."""
     seen = 0
     todo = [t.grad_fn]
     while todo and seen < _MAX_NODES:
@@ -71,7 +84,7 @@ def _graph_in_use(t: Any) -> bool:
         if held is not None:
             return held
         todo.extend(fn for fn, _ in getattr(node, "next_functions", ()))
-    return False
+    return None
 
 
 def _holds_saved(node: Any) -> Optional[bool]:
@@ -156,7 +169,10 @@ def still_held(found: Optional[Any]) -> Optional[GraphsHeld]:
     to be used: the next save would stop at it again, so none is tried (a big state would be
     pickled at every safe point of an accumulation for nothing)."""
     t = found() if found is not None else None
-    if t is None or t.grad_fn is None or not _graph_in_use(t):
+    if t is None or t.grad_fn is None:
+        return None
+    state = _graph_state(t)
+    if state is False or state is None and not _waits_for_backward(t):
         return None
     return _held_deep(t)
 
@@ -178,16 +194,55 @@ def check_saved(t: Any) -> Optional[tuple]:
     of a parameter again (`_view_of_leaf`); None: save it as usual."""
     cut = _CUT.get()
     if cut and id(t) in cut:
-        return _cut_tensor, (t.detach(), cut[id(t)])
+        return _cut_tensor, (t.detach(), cut[id(t)], type(t.grad_fn).__name__)
     view = _view_of_leaf(t)
     if view is not None:
         return view
     watch = _WATCH.get()
-    if watch is None or not _graph_in_use(t):
+    if watch is None:
+        return None
+    state = _graph_state(t)
+    if state is None:  # saved as values, a backward() through it would reach nothing: silently
+        if watch or _backpropagated_since_met(t):
+            return _cut_tensor, (t.detach(), _unsaved_label(t), type(t.grad_fn).__name__, True)
+        raise GraphFound(t)
+    if not state:
         return None
     if watch:
-        return _cut_tensor, (t.detach(), DEEP_LABEL)
+        return _cut_tensor, (t.detach(), DEEP_LABEL, type(t.grad_fn).__name__)
     raise GraphFound(t)
+
+
+def _unsaved_label(t: Any) -> str:
+    return f"a tensor made by {type(t.grad_fn).__name__} through operations that save no tensor"
+
+
+#: tensors with a graph that saves no tensor which a save has met: id -> (the tensor, its node's
+#: id, whether a backward() ran through that node since)
+_MET: dict[int, tuple[Any, int, list]] = {}
+
+
+def _backpropagated_since_met(t: Any) -> bool:
+    """Whether a ``backward()`` ran through ``t``'s graph since a save first met it. Such a graph
+    holds no saved tensor that a ``backward()`` frees, so nothing else tells whether it is still
+    to be used (``loss = w.sum()``, a custom Function keeping its inputs as ``ctx`` attributes):
+    the first meeting puts a hook on its last node, and the save waits until the hook has run
+    (or the patience's seconds are over)."""
+    entry = _MET.get(id(t))
+    node = t.grad_fn
+    if entry is not None and entry[0]() is t and entry[1] == id(node):
+        return entry[2][0]
+    ran = [False]
+    key = id(t)
+    node.register_prehook(lambda grad_outputs: ran.__setitem__(0, True))
+    _MET[key] = (weakref.ref(t, lambda _ref: _MET.pop(key, None)), id(node), ran)
+    return False
+
+
+def _waits_for_backward(t: Any) -> bool:
+    """Whether a save met ``t`` (a graph that saves no tensor) and no ``backward()`` ran through it since."""
+    entry = _MET.get(id(t))
+    return entry is not None and entry[0]() is t and entry[1] == id(t.grad_fn) and not entry[2][0]
 
 
 def _view_of_leaf(t: Any) -> Optional[tuple]:
@@ -257,29 +312,36 @@ def cutting(held: GraphsHeld) -> Iterator[None]:
         _CUT.reset(token)
 
 
-def _cut_tensor(values: Any, label: str) -> Any:
+def _cut_tensor(values: Any, label: str, node_name: Optional[str] = None, unsaved: bool = False) -> Any:
     torch = lazy.torch()
     with torch.enable_grad():
-        return _cut_function().apply(values.requires_grad_(True), label)
+        return _cut_function(node_name).apply(values.requires_grad_(True), label, unsaved)
 
 
-_CUT_FUNCTION: Optional[type] = None
+_CUT_FUNCTIONS: dict[Optional[str], type] = {}
 
 
-def _cut_function() -> type:
-    """An autograd function that passes its input through and refuses to backpropagate."""
-    global _CUT_FUNCTION
-    if _CUT_FUNCTION is None:
+def _cut_function(node_name: Optional[str]) -> type:
+    """An autograd function that passes its input through and refuses to backpropagate; its node
+    is named as the cut graph's last node was (``print(loss)`` shows ``grad_fn=<MseLossBackward0>``
+    as before the restore)."""
+    if node_name not in _CUT_FUNCTIONS:
         torch = lazy.torch()
 
         class CutGraph(torch.autograd.Function):
             @staticmethod
-            def forward(ctx: Any, x: Any, label: str) -> Any:
-                ctx.label = label
+            def forward(ctx: Any, x: Any, label: str, unsaved: bool = False) -> Any:
+                ctx.label, ctx.unsaved = label, unsaved
                 return x.view_as(x)
 
             @staticmethod
             def backward(ctx: Any, grad: Any) -> Any:
+                if ctx.unsaved:
+                    raise RuntimeError(
+                        f"the autograd graph of {ctx.label} was cut by a checkpoint: it was backpropagated "
+                        f"before the checkpoint (or not for {PATIENCE_S:g} s), and a checkpoint saves values, not "
+                        f"graphs. A graph made once and backpropagated at every step (torch.cat of parameters "
+                        f"before the loop) must be made again inside the loop, before its backward()")
                 raise RuntimeError(
                     f"the autograd graph of {ctx.label} was cut by a checkpoint: the job waited "
                     f"{PATIENCE_SAFE_POINTS} safe points (or {PATIENCE_S:g} s) for one where no variable held "
@@ -287,5 +349,7 @@ def _cut_function() -> type:
                     f"(or keep .item()) if it is only logged, or call backward() before the next loop "
                     f"iteration")
 
-        _CUT_FUNCTION = CutGraph
-    return _CUT_FUNCTION
+        if node_name:
+            CutGraph._backward_cls.__name__ = node_name  # type: ignore[attr-defined]
+        _CUT_FUNCTIONS[node_name] = CutGraph
+    return _CUT_FUNCTIONS[node_name]
