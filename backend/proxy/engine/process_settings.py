@@ -12,6 +12,7 @@ the program continues:
   fingerprint's; grad mode is scoped_modes.py's);
 * numpy: print options and floating-point error handling, with the function ``np.seterrcall``
   gave it (``np.seterr(divide="call")`` without it raises);
+* torch's global module hooks (``register_module_forward_hook``: torch_hooks.py);
 * ``warnings`` filters, the recursion limit, the garbage collector's switch and thresholds, and
   ``sys.set_int_max_str_digits(0)`` (without it, ``str()`` of a big integer raises);
 * ``logging.captureWarnings(True)``: warnings go to the ``py.warnings`` logger (and its log
@@ -54,6 +55,8 @@ import time
 import warnings
 from typing import Any, Callable, Optional
 
+from . import torch_hooks
+
 #: loggers of the service itself: configured by the worker, not the job
 _OWN_LOGGERS = ("backend", "singularity_sdk")
 #: each logger's configuration when the program began (or before a restore put the job's back)
@@ -94,7 +97,8 @@ def capture(probe: Callable[[Any], Optional[str]], redirected: Optional[dict[str
     return {"recursion_limit": sys.getrecursionlimit(), "logging": _logging(probe),
             "streams": _streams(redirected or {}), "umask": _umask(), "zone": _changed_zone(),
             "signals": _signal_handlers(probe), "gc": (gc.isenabled(), gc.get_threshold()),
-            "int_max_str_digits": _int_max_str_digits(), "numpy_errcall": _numpy_errcall(probe), **snapshot()}
+            "int_max_str_digits": _int_max_str_digits(), "numpy_errcall": _numpy_errcall(probe),
+            "torch_hooks": torch_hooks.capture(), **snapshot()}
 
 
 def _int_max_str_digits() -> Optional[int]:
@@ -191,6 +195,7 @@ def apply(saved: Optional[dict[str, Any]]) -> None:
         os.umask(saved["umask"])
     if saved.get("int_max_str_digits") is not None and hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(saved["int_max_str_digits"])
+    torch_hooks.apply(saved.get("torch_hooks"))
     if saved.get("numpy_errcall") is not None:
         import numpy as np
 

@@ -50,6 +50,7 @@ import time
 import types
 import warnings
 import weakref
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -59,7 +60,7 @@ from . import (array_views, autograd_graphs, background, canonical_strings, cont
                exit_handlers, finalizers, getattr_classes, handles, held_managers, hydra_state, imported_submodules,
                iterators, lazy, libraries, library_patches, mlflow_runs, module_state, open_files, ownership,
                process_settings, replay_effects, rng, resumable_generators, scoped_modes, sentinels, set_layouts,
-               training_state, type_memos, wandb_runs)
+               torch_hooks, training_state, type_memos, wandb_runs)
 from ..checkpoint import digest, fingerprint, reading
 from ..checkpoint.errors import CheckpointError, CheckpointFailure
 from .loops import BlockFrame, ForFrame, IfFrame, WhileFrame
@@ -261,6 +262,10 @@ class ProxyPickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         t = type(obj)
+        if t is OrderedDict:  # torch's global hook dicts, by identity (OrderedDict is otherwise plain)
+            reduced = torch_hooks.reduce_global_dict(obj)
+            if reduced is not NotImplemented:
+                return reduced
         if t in _PLAIN_TYPES:
             return NotImplemented
         reduced = self._reduce(obj, t)
@@ -276,6 +281,8 @@ class ProxyPickler(cloudpickle.Pickler):
             return finalizers.reduce_pending(self.memo)
         if t is weakref.finalize:
             return finalizers.reduce_finalizer(obj)
+        if torch_hooks.is_handle(obj):
+            return torch_hooks.reduce_handle(obj)
         ns, own = _SAVE_NS.get() or (None, False)
         if t is types.GeneratorType:
             reduced = resumable_generators.reduce(obj)
