@@ -228,6 +228,23 @@ def test_equal_bytes_load_as_separate_tensors(tmp_path: Path) -> None:
         assert out["b"].sum().item() == 0.0 and out["view"][1].item() == 1.0
 
 
+def test_tensors_stay_resizable_after_a_checkpoint_and_a_restore(tmp_path: Path) -> None:
+    """Writing a tensor through ``Tensor.numpy()`` marked its storage as not resizable for good, and
+    a restored small storage lay in memory torch did not allocate: ``buf.resize_(n)``, ``torch.cat(...,
+    out=buf)`` and quantization observers (which resize their buffers) raised in the running
+    program after its first checkpoint, and after every restore."""
+    state = {"buf": torch.zeros(2), "observer_min": torch.zeros(0), "bf16": torch.ones(3, dtype=torch.bfloat16)}
+    buf = io.BytesIO()
+    dedup.dump(state, buf, dedup.BlobStore(tmp_path / "blobs"))
+    state["buf"].resize_(5)
+    state["bf16"].resize_(6)
+    buf.seek(0)
+    out = dedup.load(buf, dedup.BlobStore(tmp_path / "blobs"))
+    torch.cat([out["buf"], out["buf"]], out=out["observer_min"])
+    out["buf"].resize_(7)
+    assert out["observer_min"].shape == (4,) and out["buf"].shape == (7,)
+
+
 def test_small_tensors_go_inline_once_per_storage(tmp_path: Path) -> None:
     """Thousands of tiny tensors cost no blob files; views keep sharing; nothing is lost."""
     tiny = [torch.randn(128) for _ in range(4096)]

@@ -39,6 +39,7 @@ and torch's zip archive costs a record per storage.
 from __future__ import annotations
 
 import contextvars
+import ctypes
 import fcntl
 import gc
 import io
@@ -82,23 +83,38 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def _tensor_bytes(t: torch.Tensor, storage: torch.UntypedStorage) -> memoryview:
-    """`storage_bytes` of ``t``'s storage, through ``t`` itself when it spans it exactly (3x cheaper)."""
-    if t.is_cpu and t.is_contiguous() and t.storage_offset() == 0 and t.nbytes == storage.nbytes() \
-            and t.dtype in _NUMPY_DTYPES and t.nbytes:
-        return memoryview(t.detach().numpy()).cast("B")
-    return storage_bytes(storage)
-
-
 def storage_bytes(storage: torch.UntypedStorage) -> memoryview:
     """The raw bytes of a storage (copied to the host when it lives on a device: host_copy.py)."""
     if storage.device.type != "cpu":
         return memoryview(to_host(storage))
     if storage.nbytes() == 0:
         return memoryview(b"")
-    t = torch.empty(0, dtype=torch.uint8)
-    t.set_(storage, 0, (storage.nbytes(),), (1,))
-    return memoryview(t.numpy()).cast("B")
+    return _memory(storage.data_ptr(), storage.nbytes(), storage)
+
+
+def _memory(address: int, nbytes: int, owner: Any) -> memoryview:
+    """``nbytes`` of memory at ``address``, which ``owner`` keeps alive, as bytes. Not through
+    ``Tensor.numpy()``: that marks the tensor's storage as not resizable for good, so every
+    checkpoint made the program's tensors so, and ``buf.resize_(n)`` or a quantization observer
+    (which resizes its buffers) then raised in the running program."""
+    block = (ctypes.c_ubyte * nbytes).from_address(address)
+    block.owner = owner  # type: ignore[attr-defined]  # alive as long as the view is
+    return memoryview(block).cast("B")
+
+
+def host_array(t: torch.Tensor) -> Any:
+    """A numpy array sharing the memory of CPU tensor ``t``, which stays resizable (`_memory`);
+    a dtype numpy lacks (bfloat16) as its bytes."""
+    import numpy as np
+
+    if t.dtype not in _NUMPY_DTYPES:
+        t = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    size, storage = t.element_size(), t.untyped_storage()
+    dtype = np.dtype(str(t.dtype).removeprefix("torch."))
+    if storage.nbytes() == 0 or t.numel() == 0:
+        return np.empty(tuple(t.shape), dtype=dtype)
+    return np.ndarray(tuple(t.shape), dtype=dtype, buffer=_memory(storage.data_ptr(), storage.nbytes(), storage),
+                      offset=t.storage_offset() * size, strides=tuple(s * size for s in t.stride()))
 
 
 def frozen_parameter(t: torch.Tensor, nbytes: int) -> bool:
@@ -307,6 +323,7 @@ def _device_of(location: Location, saved: str) -> torch.device:
 
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 #: dtypes whose tensors convert to numpy arrays without a copy
+#: dtypes numpy has under the same name (`host_array`)
 _NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
                            torch.int8, torch.uint8, torch.bool})
 
@@ -367,7 +384,7 @@ def dedup_pickler(base: type = pickle.Pickler) -> type:
                     obj.stride(), obj.storage_offset(), obj.requires_grad,
                     type(obj) is torch.nn.Parameter, "cpu" if obj.is_cpu else str(obj.device), storage_index)
             # inline: the bytes follow the first reference to the storage, written without a copy
-            inline = pickle.PickleBuffer(_tensor_bytes(obj, storage)) if digest is None and first else None
+            inline = pickle.PickleBuffer(storage_bytes(storage)) if digest is None and first else None
             if obj.__dict__:  # attributes are set once the tensor exists (they may refer back to it)
                 return _tensor_from_ref, (meta, inline), dict(obj.__dict__), None, None, _set_attributes
             return _tensor_from_ref, (meta, inline)
@@ -482,12 +499,24 @@ def dedup_unpickler(base: type = pickle.Unpickler) -> type:
     return DedupUnpickler
 
 
+#: inline storages up to this size are copied into memory of torch's own, which can be resized
+RESIZABLE_BYTES = 1 << 20
+
+
 def _storage_from_buffer(data: Any, nbytes: int) -> torch.UntypedStorage:
-    """A CPU storage over the bytes unpickled for an inline storage (no copy: it keeps them alive)."""
+    """A CPU storage over the bytes unpickled for an inline storage (no copy: it keeps them alive).
+
+    Memory torch did not allocate cannot be resized: ``buf.resize_(n)``, ``torch.cat(..., out=buf)``
+    and the per-channel observers of quantization-aware training (which resize their buffers)
+    raised after a restore. So a small storage (up to `RESIZABLE_BYTES`, where such buffers are)
+    is copied into a storage of torch's own; a large one is not (a copy of every byte would slow
+    every restore)."""
     if len(data) != nbytes:
         raise pickle.UnpicklingError(f"an inline storage has {len(data)} bytes, its reference expects {nbytes}")
     if nbytes == 0:
         return torch.UntypedStorage(0)
+    if nbytes <= RESIZABLE_BYTES:
+        return torch.UntypedStorage.from_buffer(data, dtype=torch.uint8)
     if isinstance(data, bytes):
         data = bytearray(data)  # torch.frombuffer needs writable memory
     return torch.frombuffer(data, dtype=torch.uint8).untyped_storage()

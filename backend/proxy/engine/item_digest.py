@@ -106,11 +106,11 @@ class _Encoder:
         elif t._base is not None:  # a view: where it points into its base
             self.parts.append(head + f"@{t.storage_offset()}{t.stride()}".encode())
         else:
-            try:
-                values = t.detach().numpy()  # no copy; numpy's slicing is cheaper than torch's
-            except TypeError:  # bfloat16 and other dtypes numpy lacks: their bytes
-                values = t.detach().reshape(-1).view(lazy.torch().uint8).numpy()
-            self.parts.append(head + _sample(values))
+            from ..checkpoint.dedup import host_array
+
+            # no copy (numpy's slicing is cheaper than torch's), and not through .numpy(), which
+            # would leave the program's tensor unable to be resized
+            self.parts.append(head + _sample(host_array(t)))
 
     def _array(self, a: Any, np: Any) -> None:
         head = f"a{a.dtype.str}{a.shape}".encode()

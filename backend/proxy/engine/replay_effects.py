@@ -84,7 +84,8 @@ def _tensor_sample(t: Any) -> bytes:
     if flat.numel() > _SAMPLE:
         flat = flat[:: flat.numel() // _SAMPLE][:_SAMPLE]
     torch = lazy.torch()
-    return f"t{t.dtype}{tuple(t.shape)}".encode() + flat.cpu().contiguous().view(torch.uint8).numpy().tobytes()
+    # a copy: .numpy() of the program's own memory would leave its tensor unable to be resized
+    return f"t{t.dtype}{tuple(t.shape)}".encode() + flat.cpu().clone().view(torch.uint8).numpy().tobytes()
 
 
 def _array_sample(a: Any) -> bytes:
