@@ -490,7 +490,14 @@ def _map_device(saved: "torch.device") -> "torch.device":
 
 # --------------------------------------------------------------------------- what to save
 def _keep(name: str) -> bool:
-    return name not in _SKIP_NAMES and not name.startswith(PREFIX)
+    return name not in _SKIP_NAMES and not name.startswith(PREFIX) \
+        and not (name.startswith(_DYNAMO_GLOBALS) and "torch._dynamo" in sys.modules)
+
+
+#: what ``torch.compile`` puts in the globals of the code it compiles (its graphs, whose tensors
+#: are fake and cannot be saved, and names its compiled code reads); compiled again after a restore
+_DYNAMO_GLOBALS = ("__compiled_fn", "__resume_at_", "__builtins_dict__", "__import_", "___", "__dtensor_spec_",
+                   "__comprehension_", "__warnings_warn_wrapper", "__gen_rand_values")
 
 
 def _with_targets(rt: RuntimeView, entries: Optional[list] = None) -> set[str]:
