@@ -310,3 +310,40 @@ def test_a_function_whose_loops_get_no_safe_points_is_named_with_the_reason_at_s
     assert [(m["line"], m["function"]) for m in report["not_safe_points"]] == [(4, "f")]
     assert "a closure shares lr" in report["not_safe_points"][0]["why"]
     assert "(it calls locals()" in report["not_safe_points"][0]["why"]
+
+
+CALLABLE_TRAINER = """
+import torch
+
+class Trainer:
+    def __init__(self, lr):
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(3, 1)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=lr)
+
+    def __call__(self, epochs):                  # the training loop in __call__
+        x, y = torch.randn(16, 3), torch.randn(16, 1)
+        for epoch in range(epochs):
+            loss = ((self.model(x) - y) ** 2).mean()
+            self.opt.zero_grad(); loss.backward(); self.opt.step()
+            print(epoch, loss.item().hex())
+        return loss.item()
+
+def main():
+    train = Trainer(0.1)
+    print("final", train(6))
+
+main()
+"""
+
+
+def test_a_loop_in_the_dunder_call_of_an_instance_has_safe_points(launcher, tmp_path):
+    """``train(6)`` where ``train`` is an instance: the restore could not call it again, so the
+    loop in its ``__call__`` had no safe point (stops waited for the loop's end)."""
+    script = tmp_path / "callable.py"
+    script.write_text(CALLABLE_TRAINER)
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    loops = [t["step"] for t in trace if t["kind"] == "loop"]
+    assert len(loops) >= 6
+    out, runs = run_chain(launcher, [str(script)], [loops[1], loops[4]], tmp_path / "ck")
+    assert out == base.stdout, runs[-1].describe()

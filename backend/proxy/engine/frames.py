@@ -44,6 +44,9 @@ def function_of(fn: Any) -> tuple[Optional[types.FunctionType], tuple]:
         return fn.__func__, (fn.__self__,)
     if isinstance(fn, types.FunctionType):
         return fn, ()
+    call = getattr(type(fn), "__call__", None)
+    if isinstance(call, types.FunctionType) and not isinstance(fn, type):  # `trainer(epochs)`: its __call__
+        return call, (fn,)
     return None, ()
 
 
