@@ -130,3 +130,28 @@ def test_logger_filters_level_names_and_the_record_factory_survive_a_chain_of_st
     out, runs = run_chain(launcher, target, stops, tmp_path / "ck")
     assert out == base.stdout, f"stops {stops}\n{runs[-1].describe()}"
     assert (job / "train.log").read_text() == log
+
+
+DUP2 = """
+import os, sys
+here = os.path.dirname(os.path.abspath(__file__))
+print("to the terminal", flush=True)
+log = open(os.path.join(here, "all.log"), "w")
+os.dup2(log.fileno(), 1)                         # what C code prints lands in the log too
+for step in range(6):
+    print("step", step, flush=True)
+    os.write(1, f"raw {step}\\n".encode())
+"""
+
+
+def test_stdout_pointed_at_a_file_with_dup2_stays_pointed_there(launcher, tmp_path):
+    """``os.dup2(log.fileno(), 1)``: after a restore the lines went to the process's own stdout and
+    the log missed them (silently)."""
+    job, target = _job(tmp_path, DUP2)
+    base, trace = trace_of(launcher, target, tmp_path)
+    log = (job / "all.log").read_text()
+    assert base.stdout == "to the terminal\n" and log.count("raw") == 6, base.describe()
+    (job / "all.log").unlink()
+    loops = [t["step"] for t in trace if t["kind"] == "loop"]
+    out, runs = run_chain(launcher, target, [loops[1], loops[3]], tmp_path / "ck")
+    assert out == base.stdout and (job / "all.log").read_text() == log, runs[-1].describe()

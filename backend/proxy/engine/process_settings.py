@@ -17,6 +17,8 @@ the program continues:
   ``sys.set_int_max_str_digits(0)`` (without it, ``str()`` of a big integer raises);
 * ``logging.captureWarnings(True)``: warnings go to the ``py.warnings`` logger (and its log
   file), not to stderr;
+* descriptors 1 and 2 pointed at a file by the job (``os.dup2(log.fileno(), 1)``): the file's
+  bytes and place, pointed at again;
 * the umask (``os.umask(0o077)`` to keep a run's outputs private): files made after the restore
   get the modes they would have had;
 * the time zone the C library uses: ``os.environ["TZ"] = ...; time.tzset()`` changes it, and
@@ -44,12 +46,14 @@ the new process's handler.
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import gc
 import logging
 import os
 import signal
 import _signal
+import stat
 import sys
 import time
 import warnings
@@ -79,6 +83,7 @@ def begin() -> None:
     _start["streams"] = {name: getattr(sys, name) for name in _STREAMS}
     _start["signals"] = {sig: _handler(sig) for sig in _signals()}
     _start["zone"] = _zone()
+    _start["descriptors"] = {fd: _identity(fd) for fd in _DESCRIPTORS}
 
 
 def start_stream_name(obj: Any) -> Optional[str]:
@@ -98,7 +103,63 @@ def capture(probe: Callable[[Any], Optional[str]], redirected: Optional[dict[str
             "streams": _streams(redirected or {}), "umask": _umask(), "zone": _changed_zone(),
             "signals": _signal_handlers(probe), "gc": (gc.isenabled(), gc.get_threshold()),
             "int_max_str_digits": _int_max_str_digits(), "numpy_errcall": _numpy_errcall(probe),
-            "torch_hooks": torch_hooks.capture(), **snapshot()}
+            "torch_hooks": torch_hooks.capture(), "descriptors": _redirected_descriptors(), **snapshot()}
+
+
+# --------------------------------------------------------------------------- os.dup2 of stdout / stderr
+_DESCRIPTORS = (1, 2)
+
+
+def _identity(fd: int) -> Optional[tuple[int, int]]:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _redirected_descriptors() -> dict[int, dict[str, Any]]:
+    """Descriptors 1 and 2 when the job pointed them at a file (``os.dup2(log.fileno(), 1)``, to
+    catch what C code prints too): the file's path, bytes and place, and whether it appends.
+    Without them a restored job printed to the process's own stdout, and the log missed the rest."""
+    from . import context, open_files
+
+    out: dict[int, dict[str, Any]] = {}
+    for fd in _DESCRIPTORS:
+        now = _identity(fd)
+        if now is None or now == (_start.get("descriptors") or {}).get(fd):
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue  # a pipe or a terminal of the job's: nothing a restore could point it at again
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            getattr(sys, "stdout" if fd == 1 else "stderr").flush()
+            position = os.lseek(fd, 0, os.SEEK_CUR)
+            append = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND)
+            if os.path.getsize(path) > open_files.MAX_CONTENT_BYTES:
+                continue
+            with open(path, "rb") as f:
+                content = f.read()
+        except (OSError, ValueError):
+            continue
+        rel, relative = context.relative_path(path)
+        out[fd] = {"path": rel, "relative": relative, "position": position, "append": append, "content": content}
+    return out
+
+
+def _apply_descriptors(saved: dict[int, dict[str, Any]]) -> None:
+    from . import context
+
+    for fd, d in saved.items():
+        path = context.resolve_path(d["path"], d["relative"])
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(d["content"])
+        new = os.open(path, os.O_WRONLY | (os.O_APPEND if d["append"] else 0))
+        os.lseek(new, d["position"], os.SEEK_SET)
+        getattr(sys, "stdout" if fd == 1 else "stderr").flush()
+        os.dup2(new, fd)
+        os.close(new)
 
 
 def _int_max_str_digits() -> Optional[int]:
@@ -196,6 +257,7 @@ def apply(saved: Optional[dict[str, Any]]) -> None:
     if saved.get("int_max_str_digits") is not None and hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(saved["int_max_str_digits"])
     torch_hooks.apply(saved.get("torch_hooks"))
+    _apply_descriptors(saved.get("descriptors") or {})
     if saved.get("numpy_errcall") is not None:
         import numpy as np
 
