@@ -138,6 +138,12 @@ def uninterrupted(launcher: Launcher, key: str, target: list[str], tmp: Path,
     return _UNINTERRUPTED[key]
 
 
+def loop_steps(trace: list[dict], source: str, header: str) -> list[int]:
+    """The safe points at the top of the loop whose line of ``source`` starts with ``header``."""
+    line = next(i for i, x in enumerate(source.splitlines(), 1) if x.startswith(header))
+    return [t["step"] for t in trace if t["kind"] == "loop" and t["line"] == line]
+
+
 def pick_stops(trace: list[dict], seed: int, extra: int) -> list[int]:
     """First iteration, a stop between two loops, the last iterations, plus ``extra`` random ones."""
     loops = [t["step"] for t in trace if t["kind"] == "loop"]

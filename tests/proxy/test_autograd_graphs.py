@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import textwrap
 
-from harness import EXIT_PREEMPTED, run_chain, trace_of
+from harness import EXIT_PREEMPTED, loop_steps, run_chain, trace_of
 
 PENALTY_AND_ACCUMULATION = """
 import torch, torch.nn as nn
@@ -271,9 +271,7 @@ def test_saved_tensors_behind_hooks_or_a_custom_function_are_looked_at_without_u
     script.write_text(textwrap.dedent(SAVED_THROUGH_HOOKS))
     target = [str(script)]
     base, trace = trace_of(launcher, target, tmp_path)
-    lines = SAVED_THROUGH_HOOKS.splitlines()
-    inner = next(i for i, x in enumerate(lines, 1) if x.startswith("    for i in range(4)"))
-    micro = [t["step"] for t in trace if t["kind"] == "loop" and t["line"] == inner]
+    micro = loop_steps(trace, SAVED_THROUGH_HOOKS, "    for i in range(4)")
     stops = [micro[2], micro[9]]                   # both hold `total` with its graph: deferred
     out, runs = run_chain(launcher, target, stops, tmp_path / "ck", deferred=True)
     assert out == base.stdout, runs[-1].describe()
@@ -315,9 +313,7 @@ def test_a_graph_that_saves_no_tensor_is_waited_for_until_a_backward_runs_throug
     target = [str(script)]
     base, trace = trace_of(launcher, target, tmp_path)
     assert "grad_fn=<AddBackward0>" in base.stdout
-    lines = WITHOUT_SAVED_TENSORS.splitlines()
-    pending = next(i for i, x in enumerate(lines, 1) if x.startswith("    for k in range(2)"))
-    inner = [t["step"] for t in trace if t["kind"] == "loop" and t["line"] == pending]
+    inner = loop_steps(trace, WITHOUT_SAVED_TENSORS, "    for k in range(2)")
     out, runs = run_chain(launcher, target, [inner[1], inner[4]], tmp_path / "ck", deferred=True)
     assert out == base.stdout, runs[-1].describe()
 
