@@ -167,7 +167,6 @@ def test_a_snapshot_of_host_copies_written_after_the_loop_changed_the_tensors_ho
     from backend.proxy.checkpoint.host_copy import to_host
 
     monkeypatch.setattr(dedup, "storage_bytes", lambda storage: memoryview(to_host(storage)))
-    monkeypatch.setattr(dedup, "_tensor_bytes", lambda t, storage: memoryview(to_host(storage)))
     store = CheckpointStore(tmp_path / "ck")
     g = _model()
     expected = {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in g.items()}
