@@ -342,3 +342,28 @@ def test_a_graph_that_saves_no_tensor_made_once_and_backpropagated_again_fails_l
     resumed = launcher.run([str(script), "--checkpoint-dir", str(ck), "--restore"])
     assert resumed.rc == 1 and "made by CatBackward0" in resumed.stderr, resumed.describe()
     assert "must be made again inside the loop" in resumed.stderr
+
+
+KEPT_LOSSES = """
+import torch
+torch.manual_seed(0)
+w = torch.randn(3, requires_grad=True)
+history = []
+for step in range(5):
+    loss = (w * torch.randn(3)).pow(2).sum()
+    loss.backward()
+    history.append(loss)                         # kept with its graph, used already
+    print(step, history[0], history[-1].is_leaf)
+"""
+
+
+def test_a_kept_loss_whose_graph_was_used_prints_as_before_after_a_restore(launcher, tmp_path):
+    """Saved as values, a loss kept after its ``backward()`` came back a leaf: ``print(loss)``
+    showed ``requires_grad=True`` where a plain run shows ``grad_fn=<SumBackward0>`` (silently)."""
+    script = tmp_path / "kept.py"
+    script.write_text(textwrap.dedent(KEPT_LOSSES))
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    assert "grad_fn=<SumBackward0>) False" in base.stdout
+    loops = [t["step"] for t in trace if t["kind"] == "loop"]
+    out, runs = run_chain(launcher, [str(script)], [loops[2], loops[3]], tmp_path / "ck")
+    assert out == base.stdout, runs[-1].describe()

@@ -80,6 +80,8 @@ def _graph_state(t: Any) -> Optional[bool]:
         if node is None:
             continue
         seen += 1
+        if type(node) in _CUT_NODES:
+            return False  # nothing to wait for: a backward() through it raises
         held = _holds_saved(node)
         if held is not None:
             return held
@@ -192,6 +194,9 @@ def check_saved(t: Any) -> Optional[tuple]:
     """For a tensor with a graph that the save meets: raise `GraphFound` when its graph is still
     to be used, or return the reduction that cuts it once patience is over, or that makes a view
     of a parameter again (`_view_of_leaf`); None: save it as usual."""
+    node = t.grad_fn
+    if type(node) in _CUT_NODES:  # cut by an earlier checkpoint: cut again, for the same reason
+        return _cut_tensor, (t.detach(), node.label, type(node).__name__, node.why)
     cut = _CUT.get()
     if cut and id(t) in cut:
         return _cut_tensor, (t.detach(), cut[id(t)], type(t.grad_fn).__name__)
@@ -204,13 +209,17 @@ def check_saved(t: Any) -> Optional[tuple]:
     state = _graph_state(t)
     if state is None:  # saved as values, a backward() through it would reach nothing: silently
         if watch or _backpropagated_since_met(t):
-            return _cut_tensor, (t.detach(), _unsaved_label(t), type(t.grad_fn).__name__, True)
+            return _cut_tensor, (t.detach(), _unsaved_label(t), type(t.grad_fn).__name__, "unsaved")
         raise GraphFound(t)
-    if not state:
-        return None
+    if not state:  # used: cut too, so that it prints, and is no leaf, as before (`hist.append(loss)`)
+        return _cut_tensor, (t.detach(), USED_LABEL, type(t.grad_fn).__name__, "used")
     if watch:
         return _cut_tensor, (t.detach(), DEEP_LABEL, type(t.grad_fn).__name__)
     raise GraphFound(t)
+
+
+#: what labels a tensor whose graph a backward() has used already
+USED_LABEL = "a tensor whose graph was backpropagated before the checkpoint"
 
 
 def _unsaved_label(t: Any) -> str:
@@ -312,13 +321,17 @@ def cutting(held: GraphsHeld) -> Iterator[None]:
         _CUT.reset(token)
 
 
-def _cut_tensor(values: Any, label: str, node_name: Optional[str] = None, unsaved: bool = False) -> Any:
+def _cut_tensor(values: Any, label: str, node_name: Optional[str] = None, why: str = "waited") -> Any:
+    """``why``: "waited" (the patience ran out), "unsaved" (a graph that saves no tensor, used
+    since), "used" (its buffers were freed: a backward() through it raised already)."""
     torch = lazy.torch()
     with torch.enable_grad():
-        return _cut_function(node_name).apply(values.requires_grad_(True), label, unsaved)
+        return _cut_function(node_name).apply(values.requires_grad_(True), label, why)
 
 
 _CUT_FUNCTIONS: dict[Optional[str], type] = {}
+#: the node classes of `_CUT_FUNCTIONS`
+_CUT_NODES: set[type] = set()
 
 
 def _cut_function(node_name: Optional[str]) -> type:
@@ -330,13 +343,17 @@ def _cut_function(node_name: Optional[str]) -> type:
 
         class CutGraph(torch.autograd.Function):
             @staticmethod
-            def forward(ctx: Any, x: Any, label: str, unsaved: bool = False) -> Any:
-                ctx.label, ctx.unsaved = label, unsaved
-                return x.view_as(x)
+            def forward(ctx: Any, x: Any, label: str, why: str = "waited") -> Any:
+                ctx.label, ctx.why = label, why
+                return x.clone()  # not a view of its input: printed, a view would show AsStridedBackward0
 
             @staticmethod
             def backward(ctx: Any, grad: Any) -> Any:
-                if ctx.unsaved:
+                if ctx.why == "used":
+                    raise RuntimeError(
+                        f"Trying to backward through the graph a second time: {ctx.label}, whose saved "
+                        f"tensors a backward() had freed (specify retain_graph=True on the first backward)")
+                if ctx.why == "unsaved":
                     raise RuntimeError(
                         f"the autograd graph of {ctx.label} was cut by a checkpoint: it was backpropagated "
                         f"before the checkpoint (or not for {PATIENCE_S:g} s), and a checkpoint saves values, not "
@@ -352,4 +369,5 @@ def _cut_function(node_name: Optional[str]) -> type:
         if node_name:
             CutGraph._backward_cls.__name__ = node_name  # type: ignore[attr-defined]
         _CUT_FUNCTIONS[node_name] = CutGraph
+        _CUT_NODES.add(CutGraph._backward_cls)  # type: ignore[attr-defined]
     return _CUT_FUNCTIONS[node_name]
