@@ -125,6 +125,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, int) and e.code is not None:
+            print(e.code, file=sys.stderr)  # as the interpreter prints sys.exit("message")
         if code == 0 and not args.keep_checkpoints:
             store.clear()
         if code == EXIT_PREEMPTED:

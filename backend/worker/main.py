@@ -350,6 +350,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         os._exit(EXIT_PREEMPTED)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=sys.stderr)  # as the interpreter prints sys.exit("message")
         if code:
             reserved = f" ({EXIT_PREEMPTED} means a stop at a checkpoint here: exited 1)" if code == EXIT_PREEMPTED else ""
             (out_dir / contract.ERROR_FILE).write_text(f"the job called sys.exit({exc.code!r}){reserved}")

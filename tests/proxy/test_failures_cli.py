@@ -365,3 +365,10 @@ def test_a_program_exiting_with_the_stop_status_exits_1_saying_why(launcher, tmp
     run = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / "ck")])
     assert run.rc == 1 and run.stdout == "done\n", run.describe()
     assert "exited with status 75, which means a stop at a checkpoint here" in run.stderr
+
+
+def test_sys_exit_with_a_message_prints_it_as_python_does(launcher, tmp_path):
+    script = tmp_path / "message.py"
+    script.write_text("import sys\nsys.exit('failed: acc=30')\n")
+    run = launcher.run([str(script), "--checkpoint-dir", str(tmp_path / "ck")])
+    assert run.rc == 1 and "failed: acc=30" in run.stderr, run.describe()
