@@ -93,3 +93,24 @@ def test_arrays_and_memoryviews_over_a_bytearray_or_an_array_share_it_after_a_re
     state["grid"][1, 1] = -1.0
     assert state["as_array"].tolist() == [0, 0, 9, 7, 0, 0, 0, 0]
     assert state["view"].tolist() == [1.0, 5.0] and state["rows"].tolist() == [[0.0, 1.0, 2.0], [3.0, -1.0, 5.0]]
+
+
+def test_a_numpy_array_over_a_tensors_memory_shares_it_after_a_restore():
+    """``wn = w.numpy()``: the array came back a copy, and writes through it no longer reached
+    the tensor (silently)."""
+    import torch
+
+    import io
+
+    from backend.proxy.checkpoint import dedup
+    from backend.proxy.engine.state import ProxyPickler
+
+    w = torch.zeros(4)
+    buf = io.BytesIO()
+    dedup.dump({"w": w, "wn": w.numpy(), "tail": w.numpy()[2:]}, buf, None, pickler=ProxyPickler)
+    buf.seek(0)
+    state = dedup.load(buf, None)
+    state["wn"][1] = 5.0
+    state["tail"][0] = 7.0
+    assert state["w"].tolist() == [0.0, 5.0, 7.0, 0.0]
+    state["w"].resize_(8)  # and the tensor stays resizable

@@ -89,6 +89,11 @@ def storage_bytes(storage: torch.UntypedStorage) -> memoryview:
         return memoryview(to_host(storage))
     if storage.nbytes() == 0:
         return memoryview(b"")
+    return storage_memory(storage)
+
+
+def storage_memory(storage: torch.UntypedStorage) -> memoryview:
+    """A CPU storage's memory as writable bytes, the storage kept alive by the view (`_memory`)."""
     return _memory(storage.data_ptr(), storage.nbytes(), storage)
 
 

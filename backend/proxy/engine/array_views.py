@@ -12,7 +12,8 @@ view it meets, or the sharing would be lost (silently: writes to ``big`` no long
 ``head = big[:4]``).
 
 An array over a ``bytearray`` or an ``array.array`` (``np.frombuffer(buf)``) is saved as a view of
-that object, which pickles as itself: writes to ``buf`` are seen through the array after a restore.
+that object, which pickles as itself: writes to ``buf`` are seen through the array after a restore;
+so is an array over a CPU tensor's memory (``w.numpy()``), a view of the restored tensor's storage.
 """
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ def _root(a: Any) -> Optional[Any]:
     owner = base.base.obj if isinstance(base.base, memoryview) else base.base  # np.frombuffer's
     if isinstance(owner, (bytearray, array.array)) and len(owner):
         return owner
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(owner, torch.Tensor) and owner.device.type == "cpu" \
+            and owner.layout == torch.strided and owner.untyped_storage().nbytes():
+        return owner  # `w.numpy()`: a view of the tensor's storage
     if base is a or not base.flags.c_contiguous or base.dtype.hasobject:
         return None
     return base
@@ -49,6 +54,8 @@ def _address(root: Any) -> int:
     np = sys.modules["numpy"]
     if isinstance(root, np.ndarray):
         return root.__array_interface__["data"][0]
+    if _is_tensor(root):
+        return root.untyped_storage().data_ptr()
     return np.frombuffer(root, np.uint8).__array_interface__["data"][0]
 
 
@@ -65,7 +72,22 @@ def reduce(a: Any, roots_seen: set[int]) -> Any:
             and sys.getrefcount(root) <= _HELD_ONLY_BY_THE_VIEW:
         return NotImplemented
     roots_seen.add(id(root))
+    if _is_tensor(root):
+        return _view_of_tensor, (root, offset, a.shape, a.strides, a.dtype, a.flags.writeable)
     return view_of, (root, offset, a.shape, a.strides, a.dtype, a.flags.writeable)
+
+
+def _is_tensor(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _view_of_tensor(tensor: Any, offset: int, shape: tuple, strides: tuple, dtype: Any, writeable: bool) -> Any:
+    """`view_of` over a tensor's storage (``w.numpy()``: writes through either show in the other)."""
+    from ..checkpoint.dedup import storage_memory
+
+    storage = tensor.untyped_storage()
+    return view_of(storage_memory(storage), offset, shape, strides, dtype, writeable)
 
 
 #: ``sys.getrefcount(root)`` in `reduce` when only the view's ``.base`` holds it (and the local, and the call)
