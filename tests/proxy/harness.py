@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,6 +184,17 @@ def run_chain(launcher: Launcher, target: list[str], stops: list[int], ckdir: Pa
     assert final.rc == 0, final.describe()
     runs.append(final)
     return "".join(r.stdout for r in runs), runs
+
+
+def assert_resumes_at_iterations(launcher: Launcher, source: str, tmp_path: Path, iterations: Sequence[int]) -> None:
+    """``source`` as a script, stopped at the top of the given loop iterations (indices into its
+    loop safe points) in turn: the chain prints what the uninterrupted run prints."""
+    script = tmp_path / "program.py"
+    script.write_text(textwrap.dedent(source))
+    base, trace = trace_of(launcher, [str(script)], tmp_path)
+    loops = [t["step"] for t in trace if t["kind"] == "loop"]
+    out, runs = run_chain(launcher, [str(script)], [loops[i] for i in iterations], tmp_path / "ck")
+    assert out == base.stdout, runs[-1].describe()
 
 
 def assert_chains_match(launcher: Launcher, target: list[str], base: Run, trace: list, ckroot: Path,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import textwrap
 
-from harness import EXIT_PREEMPTED, loop_steps, run_chain, trace_of
+from harness import EXIT_PREEMPTED, assert_resumes_at_iterations, loop_steps, run_chain, trace_of
 
 PENALTY_AND_ACCUMULATION = """
 import torch, torch.nn as nn
@@ -223,12 +223,7 @@ def test_a_view_of_a_parameter_made_once_keeps_its_graph_to_the_parameter(launch
     """``Wt = enc.weight.t()`` before the loop: its graph holds no saved tensor, so it was saved
     as values and came back as a view without a graph, through which no gradient reached the
     parameter: every step after a restore differed, silently."""
-    script = tmp_path / "tied.py"
-    script.write_text(textwrap.dedent(TIED_VIEW))
-    base, trace = trace_of(launcher, [str(script)], tmp_path)
-    loops = [t["step"] for t in trace if t["kind"] == "loop"]
-    out, runs = run_chain(launcher, [str(script)], [loops[2], loops[5]], tmp_path / "ck")
-    assert out == base.stdout, runs[-1].describe()
+    assert_resumes_at_iterations(launcher, TIED_VIEW, tmp_path, [2, 5])
 
 
 SAVED_THROUGH_HOOKS = """

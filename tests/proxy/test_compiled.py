@@ -3,9 +3,7 @@ of the compiled code, the script's namespace: every checkpoint of a script that 
 model or its loss was refused. Those names are left out, and a restore compiles again."""
 from __future__ import annotations
 
-import textwrap
-
-from harness import run_chain, trace_of
+from harness import assert_resumes_at_iterations
 
 COMPILED = """
 import torch, torch.nn as nn
@@ -27,9 +25,4 @@ for step in range(5):
 
 
 def test_a_compiled_model_and_loss_resume_exactly(launcher, tmp_path):
-    script = tmp_path / "compiled.py"
-    script.write_text(textwrap.dedent(COMPILED))
-    base, trace = trace_of(launcher, [str(script)], tmp_path)
-    loops = [t["step"] for t in trace if t["kind"] == "loop"]
-    out, runs = run_chain(launcher, [str(script)], [loops[1], loops[3]], tmp_path / "ck")
-    assert out == base.stdout, runs[-1].describe()
+    assert_resumes_at_iterations(launcher, COMPILED, tmp_path, [1, 3])

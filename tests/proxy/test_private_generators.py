@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from harness import EXIT_PREEMPTED, ROOT, assert_chains_match, run_chain, trace_of
+from harness import EXIT_PREEMPTED, ROOT, assert_chains_match, assert_resumes_at_iterations, run_chain, trace_of
 
 PRIVATE_RNG_GENERATOR = """
 import random
@@ -201,9 +201,4 @@ def test_functions_imported_from_random_and_numpy_random_draw_from_the_restored_
     it came back drawing from a copy the restore never set (silently other numbers after a restore,
     ``numpy.random.rand`` too). A ``random.Random`` subclass whose ``__init__`` takes the seed was
     checkpointed, and then its restore failed."""
-    script = tmp_path / "aliases.py"
-    script.write_text(textwrap.dedent(GLOBAL_GENERATOR_ALIASES))
-    base, trace = trace_of(launcher, [str(script)], tmp_path)
-    loops = [t["step"] for t in trace if t["kind"] == "loop"]
-    out, runs = run_chain(launcher, [str(script)], [loops[1], loops[3]], tmp_path / "ck")
-    assert out == base.stdout, runs[-1].describe()
+    assert_resumes_at_iterations(launcher, GLOBAL_GENERATOR_ALIASES, tmp_path, [1, 3])
